@@ -1,0 +1,30 @@
+# v4serve: every target installs what it needs into .venv first.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: install codegen check-generated test serve clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+codegen: install  ## regenerate generated/ from specs/*.yaml
+	$(PY) -m codegen
+
+check-generated: install  ## fail if generated/ differs from what specs/ generate
+	$(PY) -m codegen --check
+
+test: install  ## the whole test suite
+	$(PY) -m pytest -q
+
+serve: install  ## serve the embedded default (placeholder until the server lands)
+	$(VENV)/bin/v4serve serve --spec tiny
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,197 @@
+"""The kernel launch ABI: which kernels a spec has and each one's positional arguments.
+
+This is the contract between the generated launch wrappers and a backend. Argument
+order is: inputs, metadata, pools, weights, scalars, outputs. Per-rank arguments carry a
+leading `ranks` dimension (one SPMD launch drives every rank of the replica); pools are a
+sequence over ranks of that rank's tensor, so each shard may live on its own device.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from codegen.plan import Plan, PoolPlan
+
+# Columns of a rank's int64 MTP slot table [mtp_slots, len(MTP_SLOT_FIELDS)].
+MTP_SLOT_FIELDS = ("tail_token", "tail_pos", "committed", "generation")
+
+
+@dataclass(frozen=True)
+class ArgPlan:
+    """One positional argument of a kernel.
+
+    role:     input | metadata | pool | weight | scalar | output
+    shape:    ints, "extent" for the dynamic prefill extent, "blocks" for a pool's
+              runtime block count; a per_rank argument gives one rank's tensor shape
+    staged:   host data is copied into a buffer the wrapper allocates once and reuses
+    """
+
+    name: str
+    role: str
+    dtype: str | None
+    shape: tuple[int | str, ...]
+    expr: str
+    doc: str
+    per_rank: bool = False
+    staged: bool = False
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """One fixed kernel specialization and its launch ABI."""
+
+    name: str
+    kind: str
+    class_name: str
+    doc: str
+    rows: int            # request rows per rank: prefill slots or decode batch
+    seq: int | None      # tokens per decode row; None for prefill kernels
+    k: int | None        # speculative tokens of a decode layout; None for prefill
+    dynamic_extent: bool
+    args: tuple[ArgPlan, ...]
+
+    def by_role(self, role: str) -> tuple[ArgPlan, ...]:
+        return tuple(a for a in self.args if a.role == role)
+
+
+def kernel_plans(plan: Plan, has_mtp: bool) -> tuple[KernelPlan, ...]:
+    """Every kernel of a spec: main prefill, MTP prefill, one decode per layout."""
+    kernels = [_prefill_main(plan, has_mtp)]
+    if has_mtp:
+        kernels.append(_prefill_mtp(plan))
+    for layout in plan.layouts:
+        make = _decode_mtp if layout.k > 0 else _decode
+        kernels.append(make(plan, layout.k, layout.batch, layout.seq, layout.kernel))
+    return tuple(kernels)
+
+
+def _class_name(batch: int, seq: int) -> str:
+    return f"DecodeB{batch}S{seq}"
+
+
+def _staged(name: str, role: str, dtype: str, shape: tuple, expr: str, doc: str) -> ArgPlan:
+    return ArgPlan(name, role, dtype, shape, expr, doc, staged=True)
+
+
+def _block_tables(plan: Plan, rows: int, rows_sym: str) -> list[ArgPlan]:
+    return [
+        _staged(f"block_table_{p.name}", "metadata", "int32", (plan.ranks, rows, p.table_width),
+                f"[ranks, {rows_sym}, {p.table_width}]",
+                f"rank-local {p.name} block ids per row; -1 past the last block")
+        for p in plan.pools
+    ]
+
+
+def _pool_arg(p: PoolPlan) -> ArgPlan:
+    return ArgPlan(f"pool_{p.name}", "pool", p.dtype,
+                   (len(p.layers), "blocks", p.rows_per_page, p.row_width),
+                   "[ranks] x [layers, blocks, rows_per_page, row_width]", p.doc, per_rank=True)
+
+
+def _model_args(plan: Plan, rows: int, rows_sym: str,
+                extra_pools: tuple[ArgPlan, ...] = ()) -> list[ArgPlan]:
+    """Block tables, pools and weights: what every main-model kernel reads."""
+    pools = [_pool_arg(p) for p in plan.pools]
+    return [*_block_tables(plan, rows, rows_sym), *pools, *extra_pools, _weights()]
+
+
+def _weights() -> ArgPlan:
+    return ArgPlan("weights", "weight", None, (), "handle",
+                   "loaded model weights; their fingerprint must match this spec's model")
+
+
+def _hidden_shape(plan: Plan) -> tuple[int, int]:
+    return (plan.hc_mult, plan.hidden_size)
+
+
+def _prefill_main(plan: Plan, has_mtp: bool) -> KernelPlan:
+    R, S, W = plan.ranks, plan.slots_per_rank, plan.mtp_window
+    args = [
+        _staged("token_ids", "input", "int64", (R, S, "extent"), "[ranks, slots, extent]",
+                "chunk tokens per slot, padded to the extent"),
+        _staged("start_pos", "metadata", "int32", (R, S), "[ranks, slots]",
+                "position of each chunk's first token (its cached context length)"),
+        _staged("chunk_lens", "metadata", "int32", (R, S), "[ranks, slots]",
+                "valid tokens per slot; 0 marks an empty slot"),
+        *_model_args(plan, S, "slots"),
+        ArgPlan("extent", "scalar", None, (), "int", "padded rows per slot: a tile multiple"),
+        ArgPlan("logits", "output", "float32", (R, S, plan.vocab_size), "[ranks, slots, vocab]",
+                "logits of each slot's last valid row"),
+    ]
+    if has_mtp:
+        args.append(ArgPlan("mtp_hidden", "output", plan.dtype, (R, S, W, *_hidden_shape(plan)),
+                            "[ranks, slots, mtp_window, hc_mult, hidden]",
+                            "pre-hc_head streams of each slot's last min(mtp_window, chunk_len) "
+                            "rows, row 0 first"))
+    doc = (f"Main-model prefill: up to {S} chunks per rank, each a dynamic extent of at most "
+           f"{plan.max_extent} rows walked in {plan.tile}-row tiles.")
+    return KernelPlan("prefill_main", "prefill_main", "PrefillMain", doc, S, None, None, True,
+                      tuple(args))
+
+
+def _prefill_mtp(plan: Plan) -> KernelPlan:
+    R, S, W = plan.ranks, plan.slots_per_rank, plan.mtp_window
+    ori = next(p for p in plan.pools if p.name == "ori")
+    args = (
+        ArgPlan("mtp_hidden", "input", plan.dtype, (R, S, W, *_hidden_shape(plan)),
+                "[ranks, slots, mtp_window, hc_mult, hidden]",
+                "the main prefill's mtp_hidden output"),
+        _staged("next_ids", "input", "int64", (R, S, W), "[ranks, slots, mtp_window]",
+                "token at position i+1 for each window row i"),
+        _staged("start_pos", "metadata", "int32", (R, S), "[ranks, slots]",
+                "position of window row 0"),
+        _staged("num_rows", "metadata", "int32", (R, S), "[ranks, slots]",
+                "window rows whose next token is known; 0 marks an empty slot"),
+        *_block_tables(plan, S, "slots")[:1],
+        _pool_arg(ori),
+        _weights(),
+    )
+    doc = (f"MTP prefill: rebuilds the MTP layer's sliding KV from the last {W} pre-hc_head "
+           "rows of a main prefill and the tokens that follow them.")
+    return KernelPlan("prefill_mtp", "prefill_mtp", "PrefillMtp", doc, S, None, None, False, args)
+
+
+def _decode(plan: Plan, k: int, batch: int, seq: int, name: str) -> KernelPlan:
+    R = plan.ranks
+    args = (
+        _staged("token_ids", "input", "int64", (R, batch, seq), "[ranks, batch, seq]",
+                "input tokens per row"),
+        _staged("positions", "metadata", "int32", (R, batch), "[ranks, batch]",
+                "position of each row's first token"),
+        _staged("row_lens", "metadata", "int32", (R, batch), "[ranks, batch]",
+                f"tokens per row: {seq}, or 0 for an empty row"),
+        *_model_args(plan, batch, "batch"),
+        ArgPlan("logits", "output", "float32", (R, batch, seq, plan.vocab_size),
+                "[ranks, batch, seq, vocab]", "logits of every row token"),
+    )
+    doc = f"Decode B{batch}S{seq}: {batch} rows of {seq} token per rank, no speculation."
+    return KernelPlan(name, "decode", _class_name(batch, seq), doc, batch, seq, k, False, args)
+
+
+def _decode_mtp(plan: Plan, k: int, batch: int, seq: int, name: str) -> KernelPlan:
+    R, N = plan.ranks, plan.mtp_slots_per_rank
+    hidden = _hidden_shape(plan)
+    args = (
+        _staged("slot_ids", "metadata", "int32", (R, batch), "[ranks, batch]",
+                "MTP state slot of each row; -1 marks an empty row"),
+        _staged("slot_gens", "metadata", "int64", (R, batch), "[ranks, batch]",
+                "expected slot generation; a row whose slot moved on is left untouched"),
+        *_model_args(plan, batch, "batch", extra_pools=(
+        ArgPlan("mtp_slots", "pool", "int64", (N, len(MTP_SLOT_FIELDS)),
+                f"[ranks] x [mtp_slots, {len(MTP_SLOT_FIELDS)}]",
+                "per slot: " + ", ".join(MTP_SLOT_FIELDS), per_rank=True),
+        ArgPlan("mtp_slot_hidden", "pool", plan.dtype, (N, *hidden),
+                "[ranks] x [mtp_slots, hc_mult, hidden]",
+                "per slot: pre-hc_head streams of the row before the tail token", per_rank=True),
+        )),
+        ArgPlan("logits", "output", "float32", (R, batch, seq, plan.vocab_size),
+                "[ranks, batch, seq, vocab]", "main-model logits of rows [tail, drafts...]"),
+        ArgPlan("hidden", "output", plan.dtype, (R, batch, seq, *hidden),
+                "[ranks, batch, seq, hc_mult, hidden]", "pre-hc_head streams of every row token"),
+        ArgPlan("draft_ids", "output", "int64", (R, batch, k), "[ranks, batch, k]",
+                "the MTP drafts this step verified"),
+    )
+    doc = (f"Fused decode + MTP draft B{batch}S{seq} (K={k}): per row, drafts {k} token(s) "
+           "from the slot's state, then runs the main model on [tail, drafts].")
+    return KernelPlan(name, "decode_mtp", _class_name(batch, seq), doc, batch, seq, k, False, args)

@@ -1,0 +1,162 @@
+"""The one place for checks that span fields of a spec.
+
+`check_invariants` returns every violated invariant as (field path, message); the
+caller attaches file and line. Per-field types and ranges live in `schema.py`.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from codegen.pool_roles import ROLES, layer_kinds, role_kinds
+from codegen.schema import Spec
+from codegen.yaml_loader import FieldPath
+
+Problem = tuple[FieldPath, str]
+
+
+def check_invariants(spec: Spec) -> list[Problem]:
+    """All cross-field problems of `spec`, in section order."""
+    problems: list[Problem] = list(_model(spec))
+    if problems:  # the other checks read the layer layout; it must be sound first
+        return problems
+    for check in (_topology, _prefill, _decode, _pools, _limits):
+        problems.extend(check(spec))
+    return problems
+
+
+def _model(spec: Spec) -> Iterator[Problem]:
+    m = spec.model
+    want = m.num_hidden_layers + m.num_nextn_predict_layers
+    if len(m.compress_ratios) != want:
+        yield (("model", "compress_ratios"),
+               f"has {len(m.compress_ratios)} entries; need num_hidden_layers + "
+               f"num_nextn_predict_layers = {m.num_hidden_layers} + "
+               f"{m.num_nextn_predict_layers} = {want}")
+        return
+    for i in range(m.num_hidden_layers, want):
+        if m.compress_ratios[i] != 0:
+            yield (("model", "compress_ratios", i),
+                   f"MTP layer {i} must be sliding-window only (0), not {m.compress_ratios[i]}")
+    if m.num_hash_layers > m.num_hidden_layers:
+        yield (("model", "num_hash_layers"),
+               f"{m.num_hash_layers} exceeds num_hidden_layers {m.num_hidden_layers}")
+    if m.qk_rope_head_dim % 2 or m.qk_rope_head_dim > m.head_dim:
+        yield (("model", "qk_rope_head_dim"),
+               f"must be even and at most head_dim {m.head_dim}, not {m.qk_rope_head_dim}")
+    if (m.num_attention_heads * m.head_dim) % m.o_groups:
+        yield (("model", "o_groups"),
+               f"must divide num_attention_heads*head_dim = "
+               f"{m.num_attention_heads * m.head_dim}, not {m.o_groups}")
+    if m.num_experts_per_tok > m.n_routed_experts:
+        yield (("model", "num_experts_per_tok"),
+               f"{m.num_experts_per_tok} exceeds n_routed_experts {m.n_routed_experts}")
+    if 4 in m.compress_ratios and m.index_head_dim < m.qk_rope_head_dim:
+        yield (("model", "index_head_dim"),
+               f"must be at least qk_rope_head_dim {m.qk_rope_head_dim}, not {m.index_head_dim}")
+    for key in ("bos_token_id", "eos_token_id"):
+        if getattr(m, key) >= m.vocab_size:
+            yield (("model", key), f"{getattr(m, key)} is outside vocab_size {m.vocab_size}")
+
+
+def _topology(spec: Spec) -> Iterator[Problem]:
+    t, m = spec.topology, spec.model
+    if t.dp * t.tp != t.ranks:
+        yield (("topology", "dp"), f"dp*tp = {t.dp}*{t.tp} must equal ranks {t.ranks}")
+    if t.ep != t.ranks:
+        yield (("topology", "ep"),
+               f"expert parallelism runs on the same ranks as attention: ep must equal "
+               f"ranks {t.ranks}, not {t.ep}")
+    elif m.n_routed_experts % t.ep:
+        yield (("topology", "ep"),
+               f"{t.ep} does not divide n_routed_experts {m.n_routed_experts}")
+
+
+def _prefill(spec: Spec) -> Iterator[Problem]:
+    p, m = spec.prefill, spec.model
+    if p.max_extent % p.tile:
+        yield (("prefill", "tile"),
+               f"{p.tile} does not divide max_extent {p.max_extent}")
+    if p.mtp_window > p.max_extent:
+        yield (("prefill", "mtp_window"),
+               f"{p.mtp_window} exceeds max_extent {p.max_extent}")
+    if m.num_nextn_predict_layers and p.mtp_window < m.sliding_window:
+        yield (("prefill", "mtp_window"),
+               f"must cover the MTP layer's sliding_window {m.sliding_window}, not {p.mtp_window}")
+
+
+def _decode(spec: Spec) -> Iterator[Problem]:
+    d, m = spec.decode, spec.model
+    advertised = d.num_speculative_tokens
+    for i, k in enumerate(advertised):
+        if k < 0 or k in advertised[:i]:
+            yield (("decode", "num_speculative_tokens", i), f"{k} is negative or repeated")
+        elif k > 0 and m.num_nextn_predict_layers == 0:
+            yield (("decode", "num_speculative_tokens", i),
+                   f"K={k} needs an MTP layer; model.num_nextn_predict_layers is 0")
+        elif not any(layout.k == k for layout in d.layouts):
+            yield (("decode", "num_speculative_tokens", i),
+                   f"K={k} has no decode layout; add one with k: {k}, seq: {k + 1}")
+    if d.default_num_speculative_tokens not in advertised:
+        yield (("decode", "default_num_speculative_tokens"),
+               f"{d.default_num_speculative_tokens} is not one of num_speculative_tokens "
+               f"{advertised}")
+    seen: set[int] = set()
+    for i, layout in enumerate(d.layouts):
+        at = ("decode", "layouts", i)
+        if layout.seq != layout.k + 1:
+            yield (at + ("seq",), f"must be k + 1 = {layout.k + 1} for k={layout.k}, not {layout.seq}")
+        if layout.k in seen:
+            yield (at + ("k",), f"a second layout for K={layout.k}; keep one per K")
+        elif layout.k not in advertised:
+            yield (at + ("k",), f"K={layout.k} is not in num_speculative_tokens {advertised}")
+        seen.add(layout.k)
+
+
+def _pools(spec: Spec) -> Iterator[Problem]:
+    m, pools = spec.model, spec.pools
+    kinds = layer_kinds(m)
+    for role in ROLES:
+        group = getattr(pools.groups, role.name)
+        at = ("pools", "groups", role.name)
+        want_kinds = role_kinds(role, kinds)
+        if sorted(set(group.layers)) != want_kinds or len(group.layers) != len(set(group.layers)):
+            yield (at + ("layers",), f"{group.layers} must be {want_kinds} for this model")
+        if group.row_width != role.width(m):
+            yield (at + ("row_width",),
+                   f"{group.row_width} must be {role.width_expr} = {role.width(m)}")
+        if group.policy != role.policy:
+            yield (at + ("policy",), f"{role.name} is a {role.policy} group, not {group.policy}")
+        if role.is_state and group.dtype != "float32":
+            yield (at + ("dtype",), f"compressor state is kept in float32, not {group.dtype}")
+        yield from _rows_per_page(role.name, role.ratio, role.span, group.rows_per_page,
+                                  pools.block_size)
+
+
+def _rows_per_page(name: str, ratio: int, span: int | None, rows: int,
+                   block_size: int) -> Iterator[Problem]:
+    at = ("pools", "groups", name, "rows_per_page")
+    if span is not None:
+        if span % rows:
+            yield (at, f"{rows} must divide the state span {span}")
+    elif block_size % ratio:
+        yield (("pools", "block_size"), f"{block_size} is not a multiple of ratio {ratio}")
+    elif rows != block_size // ratio:
+        yield (at, f"{rows} must be block_size/{ratio} = {block_size // ratio}")
+
+
+def _limits(spec: Spec) -> Iterator[Problem]:
+    lim, d, m, t = spec.limits, spec.decode, spec.model, spec.topology
+    if lim.max_model_len > m.max_position_embeddings:
+        yield (("limits", "max_model_len"),
+               f"{lim.max_model_len} exceeds max_position_embeddings {m.max_position_embeddings}")
+    for layout in d.layouts:
+        capacity = t.dp * layout.batch * d.micro_batches
+        if lim.max_num_seqs > capacity:
+            yield (("limits", "max_num_seqs"),
+                   f"{lim.max_num_seqs} exceeds the K={layout.k} decode capacity ranks*batch*"
+                   f"micro_batches = {t.dp}*{layout.batch}*{d.micro_batches} = {capacity}")
+        step_rows = layout.batch * layout.seq * d.micro_batches
+        if lim.max_num_batched_tokens < step_rows:
+            yield (("limits", "max_num_batched_tokens"),
+                   f"{lim.max_num_batched_tokens} cannot hold one K={layout.k} decode step of a "
+                   f"rank: batch*seq*micro_batches = {step_rows}")

@@ -1,0 +1,109 @@
+"""The codegen pipeline: load -> check -> plan -> render -> write."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pydantic
+
+from codegen.errors import SpecError, SpecIssue
+from codegen.invariants import check_invariants
+from codegen.plan import Plan, build_plan
+from codegen.render import environment, render_index, render_package
+from codegen.schema import Spec
+from codegen.writer import Drift, compare, write
+from codegen.yaml_loader import FieldPath, Locator, load_yaml
+
+
+def display_path(path: Path, root: Path | None = None) -> str:
+    """`path` relative to `root` (default: the working directory) when it lies inside."""
+    root = (root or Path.cwd()).resolve()
+    try:
+        return path.resolve().relative_to(root).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def load_spec(path: str | Path, root: Path | None = None) -> Spec:
+    """Read, validate and check one spec file; SpecError names file, line and field."""
+    path = Path(path)
+    shown = display_path(path, root)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError([SpecIssue(shown, 1, "", f"cannot read the spec: {exc.strerror}")]) from None
+    data, locator = load_yaml(text, shown)
+    try:
+        spec = Spec.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise SpecError([_issue(locator, err) for err in exc.errors()]) from None
+    problems = check_invariants(spec)
+    if problems:
+        raise SpecError([locator.issue(at, message) for at, message in problems])
+    return spec
+
+
+def plan_spec(path: str | Path, root: Path | None = None) -> Plan:
+    path = Path(path)
+    return build_plan(load_spec(path, root), display_path(path, root), path.stem)
+
+
+@dataclass
+class Result:
+    plans: list[Plan]
+    drift: Drift
+
+
+def generate(spec_paths: list[Path], out_dir: Path, *, root: Path | None = None,
+             index: bool = True, check: bool = False) -> Result:
+    """Generate every spec into `out_dir`. With `index`, `out_dir` is wholly owned by
+    codegen (its index written, any other file removed); without, only each spec's
+    package is. With `check`, nothing is written and the drift is reported."""
+    plans = [plan_spec(p, root) for p in sorted(spec_paths)]
+    _reject_clashes(plans)
+    env = environment()
+    files: dict[str, str] = {}
+    for plan in plans:
+        files.update(render_package(plan, env))
+    if index:
+        specs_dir = display_path(spec_paths[0].parent, root) if spec_paths else "specs"
+        files.update(render_index(plans, specs_dir, env))
+    owned = ["."] if index else [plan.package for plan in plans]
+    drift = (compare if check else write)(files, out_dir, owned)
+    return Result(plans, drift)
+
+
+def _reject_clashes(plans: list[Plan]) -> None:
+    seen: dict[str, str] = {}
+    for plan in plans:
+        if plan.package in seen:
+            raise SpecError([SpecIssue(plan.spec_path, 1, "", f"generates package {plan.package}, "
+                                       f"as {seen[plan.package]} does; rename one file")])
+        seen[plan.package] = plan.spec_path
+
+
+def _issue(locator: Locator, err: Any) -> SpecIssue:
+    """A pydantic error, located and worded for a person editing YAML."""
+    at: FieldPath = tuple(err["loc"])
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        valid = ", ".join(_valid_keys(at[:-1]))
+        return locator.issue(at, f"unknown key {at[-1]!r}; valid keys here: {valid}")
+    if kind == "missing":
+        return locator.issue(at, "missing required key")
+    message = err["msg"]
+    if "input" in err and not isinstance(err["input"], (dict, list)):
+        message += f", got {err['input']!r}"
+    return locator.issue(at, message)
+
+
+def _valid_keys(at: FieldPath) -> list[str]:
+    """Field names of the spec model that sits at `at`."""
+    model: Any = Spec
+    for part in at:
+        if isinstance(part, int):
+            continue
+        annotation = model.model_fields[part].annotation
+        model = getattr(annotation, "__args__", (annotation,))[0]
+    return list(model.model_fields)

@@ -1,0 +1,177 @@
+"""The derived plan: frozen, fully resolved facts that the templates render.
+
+Templates see only these dataclasses, never the raw spec: every count, width, byte size
+and argument list is computed here once, in Python, where it can be tested.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, replace
+
+from codegen.abi import KernelPlan, kernel_plans
+from codegen.pool_roles import ROLES, PoolRole, layer_kinds, role_layers
+from codegen.schema import DecodeLayout, Spec
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4, "int64": 8}
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """One pool group: per rank a tensor [layers, blocks, rows_per_page, row_width]."""
+
+    name: str
+    doc: str
+    layers: tuple[int, ...]
+    kinds: tuple[str, ...]
+    rows_per_page: int
+    row_width: int
+    dtype: str
+    policy: str
+    tokens_per_row: int
+    ring_pages: int | None
+    table_width: int
+    page_bytes: int
+    block_bytes: int
+    formula: str
+    ring_rule: str | None
+
+
+@dataclass(frozen=True)
+class LayoutPlan:
+    k: int
+    batch: int
+    seq: int
+    kernel: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything one spec generates."""
+
+    spec_name: str
+    spec_path: str
+    package: str
+    fingerprint: str
+    model: tuple[tuple[str, object], ...]
+    layer_kinds: tuple[str, ...]
+    num_main_layers: int
+    topology: tuple[tuple[str, object], ...]
+    ranks: int
+    experts_per_rank: int
+    tile: int
+    max_extent: int
+    slots_per_rank: int
+    mtp_window: int
+    block_size: int
+    layouts: tuple[LayoutPlan, ...]
+    default_k: int
+    micro_batches: int
+    mtp_slots_per_rank: int
+    limits: tuple[tuple[str, int], ...]
+    pools: tuple[PoolPlan, ...]
+    kernels: tuple[KernelPlan, ...]
+    dtype: str
+    vocab_size: int
+    hidden_size: int
+    hc_mult: int
+
+
+def package_name(spec_stem: str) -> str:
+    """specs/deepseek-v4-flash.yaml -> "deepseek_v4_flash"."""
+    name = "".join(c if c.isalnum() else "_" for c in spec_stem.lower())
+    return f"spec_{name}" if name[0].isdigit() else name
+
+
+def build_plan(spec: Spec, spec_path: str, spec_stem: str) -> Plan:
+    """Resolve a validated spec into the plan the templates render."""
+    m = spec.model
+    kinds = layer_kinds(m)
+    pools = tuple(_pool_plan(spec, role, kinds) for role in ROLES)
+    layouts = tuple(_layout_plan(layout) for layout in sorted(spec.decode.layouts, key=lambda l: l.k))
+    mtp_slots = max((l.batch * spec.decode.micro_batches for l in layouts if l.k > 0), default=0)
+    model_items = tuple(sorted(m.model_dump(mode="json").items()))
+    plan = Plan(
+        spec_name=spec_stem,
+        spec_path=spec_path,
+        package=package_name(spec_stem),
+        fingerprint=_fingerprint(model_items),
+        model=model_items,
+        layer_kinds=tuple(kinds),
+        num_main_layers=m.num_hidden_layers,
+        topology=tuple(spec.topology.model_dump(mode="json").items()),
+        ranks=spec.topology.dp,
+        experts_per_rank=m.n_routed_experts // spec.topology.ep,
+        tile=spec.prefill.tile,
+        max_extent=spec.prefill.max_extent,
+        slots_per_rank=spec.prefill.slots_per_rank,
+        mtp_window=spec.prefill.mtp_window,
+        block_size=spec.pools.block_size,
+        layouts=layouts,
+        default_k=spec.decode.default_num_speculative_tokens,
+        micro_batches=spec.decode.micro_batches,
+        mtp_slots_per_rank=mtp_slots,
+        limits=tuple(spec.limits.model_dump(mode="json").items()),
+        pools=pools,
+        kernels=(),
+        dtype=spec.topology.dtype,
+        vocab_size=m.vocab_size,
+        hidden_size=m.hidden_size,
+        hc_mult=m.hc_mult,
+    )
+    return replace(plan, kernels=kernel_plans(plan, has_mtp=m.num_nextn_predict_layers > 0))
+
+
+def _fingerprint(model_items: tuple[tuple[str, object], ...]) -> str:
+    blob = json.dumps(dict(model_items), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _layout_plan(layout: DecodeLayout) -> LayoutPlan:
+    return LayoutPlan(layout.k, layout.batch, layout.seq, f"decode_b{layout.batch}s{layout.seq}")
+
+
+def _pool_plan(spec: Spec, role: PoolRole, kinds: list[str]) -> PoolPlan:
+    group = getattr(spec.pools.groups, role.name)
+    layers = tuple(role_layers(role, kinds))
+    ring_pages, formula, ring_rule = _ring_pages(spec, role, group.rows_per_page)
+    if ring_pages is None:
+        table_width = math.ceil(spec.limits.max_model_len // role.ratio / group.rows_per_page)
+    else:
+        table_width = ring_pages
+    page_bytes = group.rows_per_page * group.row_width * DTYPE_BYTES[group.dtype]
+    return PoolPlan(
+        name=role.name,
+        doc=role.doc,
+        layers=layers,
+        kinds=tuple(sorted(set(group.layers))),
+        rows_per_page=group.rows_per_page,
+        row_width=group.row_width,
+        dtype=group.dtype,
+        policy=role.policy,
+        tokens_per_row=role.ratio,
+        ring_pages=ring_pages,
+        table_width=table_width,
+        page_bytes=page_bytes,
+        block_bytes=page_bytes * len(layers),
+        formula=formula,
+        ring_rule=ring_rule,
+    )
+
+
+def _ring_pages(spec: Spec, role: PoolRole, rows: int) -> tuple[int | None, str, str | None]:
+    """Ring size in pages, the per-request block formula, and how the ring was sized."""
+    if role.policy == "full":
+        return None, f"ceil((len // {role.ratio}) / {rows})", None
+    if role.span is not None:
+        pages = role.span // rows
+        return pages, f"min({pages}, ceil(len / {rows}))", \
+            f"ring = state span {role.span} / rows_per_page {rows}"
+    window = spec.model.sliding_window
+    in_flight = max(layout.seq for layout in spec.decode.layouts)
+    bs = spec.pools.block_size
+    pages = math.ceil((window - 1 + in_flight) / bs) + 1
+    return pages, f"min({pages}, ceil(len / {bs}))", \
+        (f"ring = ceil((window - 1 + in_flight) / block_size) + 1 with window {window}, "
+         f"in_flight {in_flight} (the widest decode row)")

@@ -1,0 +1,99 @@
+"""Render a plan into generated source files (path -> text). Pure: no file I/O."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jinja2
+
+from codegen.abi import MTP_SLOT_FIELDS, ArgPlan, KernelPlan
+from codegen.plan import Plan
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+def _py(value: object) -> str:
+    """A Python literal with double-quoted strings; lists render as tuples."""
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        items = ", ".join(_py(v) for v in value)
+        return f"({items},)" if len(value) == 1 else f"({items})"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_py(k)}: {_py(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def _torch_dtype(name: str | None) -> str:
+    return "None" if name is None else f"torch.{name}"
+
+
+def _arg_shape(shape: tuple) -> str:
+    return _py(tuple(None if isinstance(d, str) else d for d in shape))
+
+
+def _buf_shape(shape: tuple) -> str:
+    return _py(tuple("MAX_EXTENT" if d == "extent" else d for d in shape)).replace('"', "")
+
+
+def _pool_source(arg: ArgPlan) -> str:
+    if arg.name.startswith("pool_"):
+        return "pools." + arg.name.removeprefix("pool_")
+    return {"mtp_slots": "mtp.slots", "mtp_slot_hidden": "mtp.hidden"}[arg.name]
+
+
+def _helpers(kernel: KernelPlan) -> list[str]:
+    """The runtime.abi check/stage helpers a kernel's marshal() calls."""
+    used = {"check_weights"}
+    for arg in kernel.args:
+        if arg.staged:
+            used.add("stage")
+        elif arg.role == "input":
+            used.add("check_tensor")
+        elif arg.role == "pool":
+            used.add("check_per_rank")
+    if kernel.dynamic_extent:
+        used.add("check_extent")
+    return sorted(used)
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+    )
+    env.filters.update(py=_py, torch_dtype=_torch_dtype, arg_shape=_arg_shape,
+                       buf_shape=_buf_shape, pool_source=_pool_source)
+    return env
+
+
+def render_package(plan: Plan, env: jinja2.Environment | None = None) -> dict[str, str]:
+    """Files of one spec's package, keyed by path relative to the package's parent."""
+    env = env or environment()
+    root = plan.package
+    files = {
+        f"{root}/__init__.py": env.get_template("package_init.py.j2").render(plan=plan),
+        f"{root}/architecture.py": env.get_template("architecture.py.j2").render(plan=plan),
+        f"{root}/contract.py": env.get_template("contract.py.j2").render(plan=plan),
+        f"{root}/pools.py": env.get_template("pools.py.j2").render(
+            plan=plan, mtp_slot_fields=MTP_SLOT_FIELDS),
+        f"{root}/kernels/__init__.py": env.get_template("kernels_init.py.j2").render(plan=plan),
+    }
+    kernel_template = env.get_template("kernel.py.j2")
+    for kernel in plan.kernels:
+        files[f"{root}/kernels/{kernel.name}.py"] = kernel_template.render(
+            plan=plan, k=kernel, helpers=_helpers(kernel))
+    return files
+
+
+def render_index(plans: list[Plan], specs_dir: str,
+                 env: jinja2.Environment | None = None) -> dict[str, str]:
+    """generated/__init__.py: the index of every generated package."""
+    env = env or environment()
+    ordered = sorted(plans, key=lambda p: p.package)
+    text = env.get_template("root_init.py.j2").render(plans=ordered, specs_dir=specs_dir)
+    return {"__init__.py": text}

@@ -1,0 +1,82 @@
+"""Write rendered files: only what changed, stale files removed, or just report drift."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Drift:
+    """How a directory differs from what codegen would write there."""
+
+    missing: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not (self.missing or self.changed or self.extra)
+
+    def lines(self) -> list[str]:
+        return ([f"missing  {p}" for p in self.missing] + [f"changed  {p}" for p in self.changed]
+                + [f"extra    {p}" for p in self.extra])
+
+
+def compare(files: dict[str, str], out_dir: Path, owned: list[str]) -> Drift:
+    """Compare `files` (relative paths) with `out_dir`; files under `owned` roots that
+    codegen would not write count as extra."""
+    drift = Drift()
+    for rel, text in sorted(files.items()):
+        path = out_dir / rel
+        if not path.exists():
+            drift.missing.append(rel)
+        elif path.read_bytes() != text.encode():
+            drift.changed.append(rel)
+        else:
+            drift.unchanged.append(rel)
+    drift.extra = sorted(set(_owned_files(out_dir, owned)) - set(files))
+    return drift
+
+
+def write(files: dict[str, str], out_dir: Path, owned: list[str]) -> Drift:
+    """Make `out_dir` match `files`: write missing and changed, delete extra."""
+    drift = compare(files, out_dir, owned)
+    for rel in drift.missing + drift.changed:
+        path = out_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(files[rel].encode())
+    for rel in drift.extra:
+        (out_dir / rel).unlink()
+    _prune_empty_dirs(out_dir, owned)
+    return drift
+
+
+def _owned_files(out_dir: Path, owned: list[str]) -> list[str]:
+    found = []
+    for root in owned:
+        base = out_dir / root
+        candidates = [base] if base.is_file() else base.rglob("*") if base.is_dir() else []
+        for path in candidates:
+            if path.is_file() and "__pycache__" not in path.parts:
+                found.append(path.relative_to(out_dir).as_posix())
+    return found
+
+
+def _prune_empty_dirs(out_dir: Path, owned: list[str]) -> None:
+    for root in owned:
+        base = out_dir / root
+        if not base.is_dir():
+            continue
+        for path in sorted(base.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+            if path.is_dir() and not any(p for p in path.iterdir() if p.name != "__pycache__"):
+                _remove_tree(path)
+
+
+def _remove_tree(path: Path) -> None:
+    for child in path.rglob("*"):
+        if child.is_file():
+            child.unlink()
+    for child in sorted(path.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        child.rmdir()
+    path.rmdir()

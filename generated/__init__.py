@@ -1,0 +1,22 @@
+# @generated from specs/*.yaml by codegen — do not edit
+"""Generated serving packages, one per spec; `make codegen` rewrites this folder."""
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+# Package name -> the spec it was generated from.
+SPECS = {
+    "deepseek_v4_flash": "specs/deepseek-v4-flash.yaml",
+    "deepseek_v4_pro": "specs/deepseek-v4-pro.yaml",
+    "tiny": "specs/tiny.yaml",
+}
+
+
+def load(name: str) -> ModuleType:
+    """Import the generated package of spec `name` ("tiny", "deepseek-v4-flash", ...)."""
+    package = name.replace("-", "_")
+    if package not in SPECS:
+        raise KeyError(f"no generated package for spec {name!r}; have {sorted(SPECS)}; "
+                       "run `make codegen` after adding specs/<name>.yaml")
+    return importlib.import_module(f"{__name__}.{package}")

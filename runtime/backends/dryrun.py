@@ -1,0 +1,65 @@
+"""The dry-run backend: re-checks every launch against its ABI and computes nothing.
+
+It lets the scheduler, pools and wrappers run end to end without a model (tests, dry
+runs of a spec). Outputs are left as the wrapper allocated them. Beyond the wrappers'
+own shape checks it validates values: block ids inside each rank's pool, row lengths
+inside the launch.
+"""
+from __future__ import annotations
+
+import torch
+
+from runtime.abi import ABIError, Arg, KernelABI, fits, fmt_shape
+
+# Row-length arguments and the token argument whose last dimension bounds them.
+_ROW_BOUNDS = {"chunk_lens": "token_ids", "row_lens": "token_ids", "num_rows": "next_ids"}
+
+
+class DryRunBackend:
+    name = "dryrun"
+
+    def __init__(self) -> None:
+        self.launches: dict[str, int] = {}
+
+    def launch(self, kernel: KernelABI, args: tuple) -> None:
+        if len(args) != len(kernel.args):
+            raise ABIError(f"{kernel.name}: {len(args)} arguments, ABI has {len(kernel.args)}")
+        named = dict(zip((a.name for a in kernel.args), args))
+        for arg, value in zip(kernel.args, args):
+            _check_arg(kernel.name, arg, value)
+        _check_block_ids(kernel, named)
+        _check_row_lens(kernel, named)
+        self.launches[kernel.name] = self.launches.get(kernel.name, 0) + 1
+
+
+def _check_arg(kernel: str, arg: Arg, value: object) -> None:
+    if arg.role in ("weight", "scalar"):
+        return
+    shards = value if arg.per_rank else (value,)
+    for shard in shards:
+        if not isinstance(shard, torch.Tensor) or shard.dtype != arg.dtype \
+                or not fits(shard.shape, arg.shape):
+            raise ABIError(f"{kernel}: argument {arg.name} does not match "
+                           f"{arg.dtype} {fmt_shape(arg.shape)}")
+
+
+def _check_block_ids(kernel: KernelABI, named: dict[str, object]) -> None:
+    """Every block id is -1 (unused) or names a page of that rank's pool."""
+    for name, table in named.items():
+        if not name.startswith("block_table_"):
+            continue
+        pool = named.get("pool_" + name.removeprefix("block_table_"))
+        for rank, shard in enumerate(pool):
+            ids = table[rank]
+            if ids.numel() and (int(ids.min()) < -1 or int(ids.max()) >= shard.shape[1]):
+                raise ABIError(f"{kernel.name}: {name}[rank {rank}] holds ids outside "
+                               f"[-1, {shard.shape[1]})")
+
+
+def _check_row_lens(kernel: KernelABI, named: dict[str, object]) -> None:
+    """Valid rows per slot or batch row lie in [0, the rows the launch carries]."""
+    for name, ref in _ROW_BOUNDS.items():
+        if name in named:
+            lens, bound = named[name], named[ref].shape[-1]
+            if lens.numel() and (int(lens.min()) < 0 or int(lens.max()) > bound):
+                raise ABIError(f"{kernel.name}: {name} must lie in [0, {bound}]")

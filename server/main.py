@@ -1,0 +1,26 @@
+"""The `v4serve` command: one subcommand per stage of the pipeline."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from codegen import cli as codegen_cli
+from server import placeholder
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="v4serve", description="Serve DeepSeek V4 models from declarative specs.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    codegen_cli.add_parser(sub)
+    placeholder.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
