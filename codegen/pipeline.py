@@ -1,6 +1,7 @@
 """The codegen pipeline: load -> check -> plan -> render -> write."""
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ def load_spec(path: str | Path, root: Path | None = None) -> Spec:
     try:
         spec = Spec.model_validate(data)
     except pydantic.ValidationError as exc:
-        raise SpecError([_issue(locator, err) for err in exc.errors()]) from None
+        raise SpecError(_issues(locator, exc.errors())) from None
     problems = check_invariants(spec)
     if problems:
         raise SpecError([locator.issue(at, message) for at, message in problems])
@@ -83,14 +84,39 @@ def _reject_clashes(plans: list[Plan]) -> None:
         seen[plan.package] = plan.spec_path
 
 
+def _issues(locator: Locator, errors: list[Any]) -> list[SpecIssue]:
+    """Pydantic errors as located issues. A misspelt key is one issue, not an unknown
+    key plus a missing one: the missing key it resembles is named in its message."""
+    missing = {tuple(e["loc"]) for e in errors if e["type"] == "missing"}
+    issues = []
+    for err in errors:
+        at: FieldPath = tuple(err["loc"])
+        if err["type"] == "extra_forbidden":
+            issues.append(_unknown_key(locator, at, missing))
+    for err in errors:
+        at = tuple(err["loc"])
+        if err["type"] != "extra_forbidden" and (err["type"] != "missing" or at in missing):
+            issues.append(_issue(locator, err))
+    return issues
+
+
+def _unknown_key(locator: Locator, at: FieldPath, missing: set[FieldPath]) -> SpecIssue:
+    """An unknown key; if a missing sibling resembles it, claim that one (removed from
+    `missing`) as the key that was meant."""
+    siblings = [str(m[-1]) for m in missing if m[:-1] == at[:-1]]
+    guess = difflib.get_close_matches(str(at[-1]), siblings, n=1)
+    hint = ""
+    if guess:
+        missing.discard(at[:-1] + (guess[0],))
+        hint = f" (did you mean {guess[0]!r}?)"
+    valid = ", ".join(_valid_keys(at[:-1]))
+    return locator.issue(at, f"unknown key {at[-1]!r}{hint}; valid keys here: {valid}")
+
+
 def _issue(locator: Locator, err: Any) -> SpecIssue:
     """A pydantic error, located and worded for a person editing YAML."""
     at: FieldPath = tuple(err["loc"])
-    kind = err["type"]
-    if kind == "extra_forbidden":
-        valid = ", ".join(_valid_keys(at[:-1]))
-        return locator.issue(at, f"unknown key {at[-1]!r}; valid keys here: {valid}")
-    if kind == "missing":
+    if err["type"] == "missing":
         return locator.issue(at, "missing required key")
     message = err["msg"]
     if "input" in err and not isinstance(err["input"], (dict, list)):

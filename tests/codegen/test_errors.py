@@ -1,0 +1,145 @@
+"""Bad specs: each fails with one line naming file:line, the field, and what is valid."""
+from __future__ import annotations
+
+import pytest
+
+from codegen.errors import SpecError
+from codegen.pipeline import load_spec
+from tests.conftest import line_of, replace_once
+
+
+def _error(tmp_path, text: str) -> str:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as info:
+        load_spec(path, root=tmp_path)
+    return str(info.value)
+
+
+def _check(tmp_path, tiny_text, old, new, needle, field, message):
+    text = replace_once(tiny_text, old, new)
+    line = line_of(text, needle)
+    assert _error(tmp_path, text) == f"bad.yaml:{line}: {field}: {message}"
+
+
+MODEL_KEYS = (
+    "vocab_size, hidden_size, moe_intermediate_size, num_hidden_layers, num_hash_layers, "
+    "num_attention_heads, num_key_value_heads, head_dim, qk_rope_head_dim, q_lora_rank, "
+    "o_lora_rank, o_groups, n_routed_experts, n_shared_experts, num_experts_per_tok, "
+    "routed_scaling_factor, norm_topk_prob, scoring_func, topk_method, swiglu_limit, "
+    "max_position_embeddings, rope_theta, compress_rope_theta, rope_scaling, compress_ratios, "
+    "sliding_window, hc_eps, hc_mult, hc_sinkhorn_iters, index_head_dim, index_n_heads, "
+    "index_topk, num_nextn_predict_layers, rms_norm_eps, bos_token_id, eos_token_id")
+
+
+def test_unknown_key_names_the_key_and_the_valid_ones(tmp_path, tiny_text):
+    _check(tmp_path, tiny_text, "  hidden_size: 128", "  hiden_size: 128", "hiden_size",
+           "model.hiden_size",
+           f"unknown key 'hiden_size' (did you mean 'hidden_size'?); valid keys here: {MODEL_KEYS}")
+
+
+def test_unknown_pool_group_lists_the_seven(tmp_path, tiny_text):
+    _check(tmp_path, tiny_text, "    idx:  ", "    indexer:  ", "    indexer:  ",
+           "pools.groups.indexer", "unknown key 'indexer' (did you mean 'idx'?); valid keys "
+           "here: ori, cmp_c128, cmp_c4, idx, hca_state, csa_state, csa_inner_state")
+
+
+def test_unknown_key_without_a_lookalike_leaves_the_missing_one_reported(tmp_path, tiny_text):
+    text = replace_once(tiny_text, "  mtp_window: 128", "  speculative_window: 128")
+    assert _error(tmp_path, text).splitlines() == [
+        f"bad.yaml:{line_of(text, 'prefill:')}: prefill.mtp_window: missing required key",
+        f"bad.yaml:{line_of(text, 'speculative_window')}: prefill.speculative_window: unknown "
+        "key 'speculative_window'; valid keys here: tile, max_extent, slots_per_rank, mtp_window",
+    ]
+
+
+def test_duplicate_key(tmp_path, tiny_text):
+    text = replace_once(tiny_text, "  tile: 128\n", "  tile: 128\n  tile: 256\n")
+    first, second = line_of(text, "tile: 128"), line_of(text, "tile: 256")
+    assert _error(tmp_path, text) == (
+        f"bad.yaml:{second}: prefill.tile: duplicate key (first written on line {first})")
+
+
+def test_wrong_type_is_not_coerced(tmp_path, tiny_text):
+    _check(tmp_path, tiny_text, "  tile: 128", '  tile: "128"', "tile:", "prefill.tile",
+           "Input should be a valid integer, got '128'")
+
+
+def test_invalid_choice(tmp_path, tiny_text):
+    _check(tmp_path, tiny_text, "  device: cpu", "  device: tpu", "device:", "topology.device",
+           "Input should be 'cpu', 'cuda' or 'npu', got 'tpu'")
+
+
+def test_missing_key_points_at_its_section(tmp_path, tiny_text):
+    _check(tmp_path, tiny_text, "  mtp_window: 128\n", "", "prefill:", "prefill.mtp_window",
+           "missing required key")
+
+
+def test_tile_must_divide_the_extent(tmp_path, tiny_text):
+    _check(tmp_path, tiny_text, "  max_extent: 8192", "  max_extent: 8000", "  tile:",
+           "prefill.tile", "128 does not divide max_extent 8000")
+
+
+def test_advertised_k_needs_a_layout(tmp_path, tiny_text):
+    _check(tmp_path, tiny_text, "num_speculative_tokens: [0, 1]", "num_speculative_tokens: [0, 1, 2]",
+           "  num_speculative_tokens:", "decode.num_speculative_tokens[2]",
+           "K=2 has no decode layout; add one with k: 2, seq: 3")
+
+
+def test_layout_seq_must_be_k_plus_one(tmp_path, tiny_text):
+    _check(tmp_path, tiny_text, "{k: 1, batch: 4, seq: 2}", "{k: 1, batch: 4, seq: 3}",
+           "{k: 1, batch: 4, seq: 3}", "decode.layouts[1].seq", "must be k + 1 = 2 for k=1, not 3")
+
+
+def test_pool_row_width_must_match_the_model(tmp_path, tiny_text):
+    old = "rows_per_page: 128, row_width: 128"
+    _check(tmp_path, tiny_text, old, "rows_per_page: 128, row_width: 256", "    ori:",
+           "pools.groups.ori.row_width", "256 must be head_dim = 128")
+
+
+def test_pool_layers_must_match_the_model(tmp_path, tiny_text):
+    _check(tmp_path, tiny_text, "cmp_c4:          {layers: [csa]", "cmp_c4:          {layers: [hca]",
+           "    cmp_c4:", "pools.groups.cmp_c4.layers", "['hca'] must be ['csa'] for this model")
+
+
+def test_full_pool_rows_follow_the_block_size(tmp_path, tiny_text):
+    _check(tmp_path, tiny_text, "idx:             {layers: [csa], rows_per_page: 32",
+           "idx:             {layers: [csa], rows_per_page: 16", "    idx:",
+           "pools.groups.idx.rows_per_page", "16 must be block_size/4 = 32")
+
+
+def test_compressor_state_must_be_float32(tmp_path, tiny_text):
+    old = "row_width: 256, dtype: float32, policy: ring}\n    csa_state"
+    _check(tmp_path, tiny_text, old, old.replace("float32", "bfloat16"), "    hca_state:",
+           "pools.groups.hca_state.dtype", "compressor state is kept in float32, not bfloat16")
+
+
+def test_compress_ratios_need_one_entry_per_layer_and_mtp(tmp_path, tiny_text):
+    _check(tmp_path, tiny_text, "compress_ratios: [0, 4, 128, 4, 0]", "compress_ratios: [0, 4, 128, 4]",
+           "compress_ratios:", "model.compress_ratios",
+           "has 4 entries; need num_hidden_layers + num_nextn_predict_layers = 4 + 1 = 5")
+
+
+def test_expert_parallelism_shares_the_ranks(tmp_path, tiny_text):
+    _check(tmp_path, tiny_text, "  ep: 8 ", "  ep: 4 ", "  ep: 4", "topology.ep",
+           "expert parallelism runs on the same ranks as attention: ep must equal ranks 8, not 4")
+
+
+def test_max_num_seqs_must_fit_the_decode_capacity(tmp_path, tiny_text):
+    _check(tmp_path, tiny_text, "  max_num_seqs: 64", "  max_num_seqs: 65", "max_num_seqs",
+           "limits.max_num_seqs",
+           "65 exceeds the K=1 decode capacity ranks*batch*micro_batches = 8*4*2 = 64")
+
+
+def test_invalid_yaml_names_the_line(tmp_path, tiny_text):
+    text = replace_once(tiny_text, "  tile: 128", "  tile: [128")
+    message = _error(tmp_path, text)
+    assert message.startswith("bad.yaml:") and "invalid YAML" in message
+
+
+def test_every_error_is_reported_one_per_line_in_line_order(tmp_path, tiny_text):
+    text = replace_once(tiny_text, "  hidden_size: 128", "  hiden_size: 128")
+    text = replace_once(text, "  tile: 128", "  tile: -1")
+    lines = _error(tmp_path, text).splitlines()
+    assert [l.split(": ")[1] for l in lines] == ["model.hiden_size", "prefill.tile"]
+    assert lines == sorted(lines, key=lambda l: int(l.split(":")[1]))

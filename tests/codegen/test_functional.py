@@ -1,0 +1,133 @@
+"""Functional: generate an inline spec with other shapes, import it, allocate, marshal."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from codegen.pipeline import generate
+from runtime.abi import ABIError
+from tests.conftest import import_fresh, replace_once
+
+# Other shapes than any checked-in spec: 4 ranks, B8S2 for K=1, a 4096-row extent,
+# 2 prefill slots, a shorter max_model_len.
+EDITS = [
+    ("  ranks: 8\n  dp: 8 ", "  ranks: 4\n  dp: 4 "),
+    ("  ep: 8 ", "  ep: 4 "),
+    ("  max_extent: 8192", "  max_extent: 4096"),
+    ("  slots_per_rank: 4", "  slots_per_rank: 2"),
+    ("{k: 1, batch: 4, seq: 2}", "{k: 1, batch: 8, seq: 2}"),
+    ("  max_model_len: 16384", "  max_model_len: 4096"),
+    ("  max_num_seqs: 64", "  max_num_seqs: 32"),
+]
+
+
+@pytest.fixture
+def alt(tmp_path, tiny_text):
+    text = tiny_text
+    for old, new in EDITS:
+        text = replace_once(text, old, new)
+    spec = tmp_path / "specs" / "alt-shapes.yaml"
+    spec.parent.mkdir()
+    spec.write_text(text)
+    generate([spec], tmp_path / "out", root=tmp_path, index=False)
+    return import_fresh(tmp_path / "out", "alt_shapes")
+
+
+class Weights:
+    def __init__(self, fingerprint: str):
+        self.fingerprint = fingerprint
+
+
+def _tables(pkg, ranks: int, rows: int) -> dict[str, np.ndarray]:
+    return {f"block_table_{name}": np.full((ranks, rows, group.table_width), -1, np.int32)
+            for name, group in pkg.pools.GROUPS.items()}
+
+
+def _blocks(pkg, n: int = 6) -> dict[str, int]:
+    return {name: n for name in pkg.pools.GROUPS}
+
+
+def test_contract_carries_the_new_shapes(alt):
+    c = alt.contract
+    assert (c.RANKS, c.EP, c.MAX_EXTENT, c.SLOTS_PER_RANK) == (4, 4, 4096, 2)
+    assert c.decode_layout(1).kernel == "decode_b8s2"
+    assert sorted(alt.kernels.WRAPPERS) == ["decode_b8s1", "decode_b8s2", "prefill_main",
+                                            "prefill_mtp"]
+    assert c.MTP_SLOTS_PER_RANK == 8 * 2  # batch x micro_batches
+    assert c.effective_extent(max_num_batched_tokens=1000) == 1000
+    assert c.effective_extent() == 4096
+    assert c.dispatch_extent(4095) == 4096 and c.dispatch_extent(1) == 128
+    with pytest.raises(ValueError, match="no decode layout for K=2"):
+        c.decode_layout(2)
+
+
+def test_pools_allocate_rank_sharded_tensors_of_the_new_shapes(alt):
+    pools = alt.pools.allocate(_blocks(alt, 6))
+    assert len(pools.ori) == 4
+    assert pools.ori[0].shape == (5, 6, 128, 128)
+    assert pools.cmp_c4[3].shape == (2, 6, 32, 128)
+    assert pools.hca_state[0].shape == (1, 6, 8, 256)
+    assert alt.pools.GROUPS["cmp_c4"].table_width == 4096 // 4 // 32
+    assert alt.pools.bytes_per_rank(_blocks(alt, 6)) == sum(
+        t[0].numel() * t[0].element_size() for t in vars(pools).values())
+    mtp = alt.pools.allocate_mtp_state()
+    assert mtp.slots[0].shape == (16, 4) and mtp.hidden[0].shape == (16, 4, 128)
+
+
+def test_prefill_main_marshals_a_dynamic_extent(alt):
+    pools, weights = alt.pools.allocate(_blocks(alt)), Weights(alt.architecture.FINGERPRINT)
+    wrapper = alt.kernels.PrefillMain(backend="dryrun")
+    tokens = np.arange(4 * 2 * 384).reshape(4, 2, 384)
+    args = wrapper.marshal(token_ids=tokens, start_pos=np.zeros((4, 2), np.int32),
+                           chunk_lens=np.full((4, 2), 300, np.int32), pools=pools,
+                           weights=weights, extent=384, **_tables(alt, 4, 2))
+    names = [a.name for a in alt.kernels.prefill_main.ARGS]
+    assert len(args) == len(names)
+    assert args[names.index("token_ids")].shape == (4, 2, 384)
+    assert torch.equal(args[0], torch.from_numpy(tokens))
+    assert args[names.index("extent")] == 384
+    assert args[names.index("pool_ori")] is pools.ori
+    out = wrapper.launch(token_ids=tokens, start_pos=np.zeros((4, 2), np.int32),
+                         chunk_lens=np.full((4, 2), 300, np.int32), pools=pools,
+                         weights=weights, extent=384, **_tables(alt, 4, 2))
+    assert out.logits.shape == (4, 2, 512) and out.mtp_hidden.shape == (4, 2, 128, 4, 128)
+
+
+def test_staging_buffers_are_allocated_once_and_reused(alt):
+    wrapper = alt.kernels.DECODE_BY_K[1](backend="dryrun")
+    kwargs = _decode_kwargs(alt)
+    first = wrapper.marshal(**kwargs)
+    second = wrapper.marshal(**kwargs)
+    assert all(a is b for a, b in zip(first, second) if isinstance(a, torch.Tensor))
+    out = wrapper.launch(**kwargs)
+    assert out.logits.shape == (4, 8, 2, 512) and out.draft_ids.shape == (4, 8, 1)
+    assert out.logits.data_ptr() == wrapper.launch(**kwargs).logits.data_ptr()
+
+
+def _decode_kwargs(alt, **override) -> dict:
+    kwargs = dict(slot_ids=np.zeros((4, 8), np.int32), slot_gens=np.ones((4, 8), np.int64),
+                  pools=alt.pools.allocate(_blocks(alt)), mtp=alt.pools.allocate_mtp_state(),
+                  weights=Weights(alt.architecture.FINGERPRINT), **_tables(alt, 4, 8))
+    kwargs.update(override)
+    return kwargs
+
+
+def test_marshal_rejects_metadata_of_the_old_shapes(alt):
+    wrapper = alt.kernels.DECODE_BY_K[1](backend="dryrun")
+    with pytest.raises(ABIError, match=r"slot_ids: shape \(8, 4\), expected \(4, 8\)"):
+        wrapper.marshal(**_decode_kwargs(alt, slot_ids=np.zeros((8, 4), np.int32)))
+
+
+def test_marshal_rejects_pools_of_the_wrong_rank_count(alt):
+    wrapper = alt.kernels.DECODE_BY_K[1](backend="dryrun")
+    pools = alt.pools.allocate(_blocks(alt))
+    short = type(pools)(**{**vars(pools), "ori": pools.ori[:3]})
+    with pytest.raises(ABIError, match=r"pool_ori: expected 4 per-rank tensors"):
+        wrapper.marshal(**_decode_kwargs(alt, pools=short))
+
+
+def test_marshal_rejects_weights_of_another_architecture(alt):
+    wrapper = alt.kernels.DECODE_BY_K[1](backend="dryrun")
+    with pytest.raises(ABIError, match="does not match spec alt-shapes"):
+        wrapper.marshal(**_decode_kwargs(alt, weights=Weights("0" * 16)))

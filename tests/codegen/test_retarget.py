@@ -1,0 +1,38 @@
+"""Retargeting: editing a spec's decode layout changes only the generated files it affects."""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+
+from codegen.pipeline import generate
+from tests.conftest import REPO, import_fresh, replace_once
+
+
+def test_b4s2_to_b8s2_changes_only_the_affected_files(tmp_path):
+    specs = tmp_path / "specs"
+    shutil.copytree(REPO / "specs", specs)
+    out = tmp_path / "retargeted"
+    generate(sorted(specs.glob("*.yaml")), out, root=tmp_path)
+
+    tiny = specs / "tiny.yaml"
+    tiny.write_text(replace_once(tiny.read_text(), "{k: 1, batch: 4, seq: 2}",
+                                 "{k: 1, batch: 8, seq: 2}"))
+    drift = generate(sorted(specs.glob("*.yaml")), out, root=tmp_path).drift
+
+    assert drift.missing == ["tiny/kernels/decode_b8s2.py"]
+    assert drift.extra == ["tiny/kernels/decode_b4s2.py"]
+    # contract: the layout; kernels/__init__: the wrapper names; pools: MTP slots per rank.
+    assert drift.changed == ["tiny/contract.py", "tiny/kernels/__init__.py", "tiny/pools.py"]
+
+    pkg = import_fresh(tmp_path, "retargeted").load("tiny")
+    wrapper = pkg.kernels.DECODE_BY_K[1](backend="dryrun")
+    ranks = pkg.contract.RANKS
+    tables = {f"block_table_{n}": np.zeros((ranks, 8, g.table_width), np.int32)
+              for n, g in pkg.pools.GROUPS.items()}
+    weights = type("W", (), {"fingerprint": pkg.architecture.FINGERPRINT})()
+    outputs = wrapper.launch(slot_ids=np.zeros((ranks, 8), np.int32),
+                         slot_gens=np.zeros((ranks, 8), np.int64),
+                         pools=pkg.pools.allocate({n: 1 for n in pkg.pools.GROUPS}),
+                         mtp=pkg.pools.allocate_mtp_state(), weights=weights, **tables)
+    assert outputs.logits.shape == (ranks, 8, 2, pkg.architecture.CONFIG["vocab_size"])
