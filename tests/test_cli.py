@@ -63,6 +63,6 @@ def test_a_bad_spec_fails_with_one_located_line(tmp_path):
 
 def test_serve_says_it_is_a_placeholder():
     result = _v4serve("serve", "--spec", "tiny")
-    assert result.returncode == 3
+    assert result.returncode == 0
     assert "spec specs/tiny.yaml: 8 ranks" in result.stdout
     assert "placeholder" in result.stderr

@@ -7,7 +7,10 @@ from types import MappingProxyType
 # The spec's `model` section, keyed as the checkpoint's config.json.
 CONFIG = MappingProxyType({
     "bos_token_id": 0,
-    "compress_ratios": (0, 0, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 0),
+    "compress_ratios": (
+        0, 0, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4,
+        128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 0,
+    ),
     "compress_rope_theta": 160000.0,
     "eos_token_id": 1,
     "hc_eps": 1e-06,
@@ -34,7 +37,13 @@ CONFIG = MappingProxyType({
     "q_lora_rank": 1024,
     "qk_rope_head_dim": 64,
     "rms_norm_eps": 1e-06,
-    "rope_scaling": {"type": "yarn", "factor": 16.0, "original_max_position_embeddings": 65536, "beta_fast": 32.0, "beta_slow": 1.0},
+    "rope_scaling": {
+        "type": "yarn",
+        "factor": 16.0,
+        "original_max_position_embeddings": 65536,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+    },
     "rope_theta": 10000.0,
     "routed_scaling_factor": 1.5,
     "scoring_func": "sqrtsoftplus",

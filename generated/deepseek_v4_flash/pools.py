@@ -27,8 +27,8 @@ RANKS = 8
 
 
 def ori_blocks(num_tokens: int) -> int:
-    """ori: min(3, ceil(len / 128)); ring = ceil((window - 1 + in_flight) / block_size) + 1 with window
-    128, in_flight 2 (the widest decode row)."""
+    """ori: min(3, ceil(len / 128)); ring = ceil((window - 1 + in_flight) / block_size) + 1 with
+    window 128, in_flight 2 (the widest decode row)."""
     return min(3, -(-num_tokens // 128))
 
 
@@ -66,7 +66,10 @@ GROUPS: dict[str, PoolGroup] = {
     # sliding-window KV of every layer, the MTP layer included
     "ori": PoolGroup(
         name="ori",
-        layers=(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43),
+        layers=(
+            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23,
+            24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43,
+        ),
         rows_per_page=128,
         row_width=512,
         dtype=torch.bfloat16,
@@ -222,7 +225,9 @@ def allocate(blocks: dict[str, int], device: str | torch.device = "cpu") -> Pool
             for _ in range(RANKS)
         ),
         csa_inner_state=tuple(
-            torch.zeros((21, blocks["csa_inner_state"], 4, 512), dtype=torch.float32, device=device)
+            torch.zeros(
+                (21, blocks["csa_inner_state"], 4, 512), dtype=torch.float32, device=device,
+            )
             for _ in range(RANKS)
         ),
     )

@@ -27,8 +27,8 @@ RANKS = 8
 
 
 def ori_blocks(num_tokens: int) -> int:
-    """ori: min(3, ceil(len / 128)); ring = ceil((window - 1 + in_flight) / block_size) + 1 with window
-    128, in_flight 2 (the widest decode row)."""
+    """ori: min(3, ceil(len / 128)); ring = ceil((window - 1 + in_flight) / block_size) + 1 with
+    window 128, in_flight 2 (the widest decode row)."""
     return min(3, -(-num_tokens // 128))
 
 
@@ -66,7 +66,11 @@ GROUPS: dict[str, PoolGroup] = {
     # sliding-window KV of every layer, the MTP layer included
     "ori": PoolGroup(
         name="ori",
-        layers=(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61),
+        layers=(
+            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23,
+            24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44,
+            45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61,
+        ),
         rows_per_page=128,
         row_width=512,
         dtype=torch.bfloat16,
@@ -82,7 +86,10 @@ GROUPS: dict[str, PoolGroup] = {
     # HCA compressed KV entries (ratio 128)
     "cmp_c128": PoolGroup(
         name="cmp_c128",
-        layers=(0, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59),
+        layers=(
+            0, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 33, 35, 37, 39, 41, 43,
+            45, 47, 49, 51, 53, 55, 57, 59,
+        ),
         rows_per_page=1,
         row_width=512,
         dtype=torch.bfloat16,
@@ -98,7 +105,10 @@ GROUPS: dict[str, PoolGroup] = {
     # CSA compressed KV entries (ratio 4)
     "cmp_c4": PoolGroup(
         name="cmp_c4",
-        layers=(2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54, 56, 58, 60),
+        layers=(
+            2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42, 44,
+            46, 48, 50, 52, 54, 56, 58, 60,
+        ),
         rows_per_page=32,
         row_width=512,
         dtype=torch.bfloat16,
@@ -114,7 +124,10 @@ GROUPS: dict[str, PoolGroup] = {
     # lightning-indexer compressed keys (ratio 4)
     "idx": PoolGroup(
         name="idx",
-        layers=(2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54, 56, 58, 60),
+        layers=(
+            2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42, 44,
+            46, 48, 50, 52, 54, 56, 58, 60,
+        ),
         rows_per_page=32,
         row_width=128,
         dtype=torch.bfloat16,
@@ -130,7 +143,10 @@ GROUPS: dict[str, PoolGroup] = {
     # C128 compressor state: pending kv and gate-score rows
     "hca_state": PoolGroup(
         name="hca_state",
-        layers=(0, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59),
+        layers=(
+            0, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 33, 35, 37, 39, 41, 43,
+            45, 47, 49, 51, 53, 55, 57, 59,
+        ),
         rows_per_page=8,
         row_width=1024,
         dtype=torch.float32,
@@ -146,7 +162,10 @@ GROUPS: dict[str, PoolGroup] = {
     # C4 compressor state: two overlapped windows of kv and gate-score rows
     "csa_state": PoolGroup(
         name="csa_state",
-        layers=(2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54, 56, 58, 60),
+        layers=(
+            2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42, 44,
+            46, 48, 50, 52, 54, 56, 58, 60,
+        ),
         rows_per_page=4,
         row_width=2048,
         dtype=torch.float32,
@@ -162,7 +181,10 @@ GROUPS: dict[str, PoolGroup] = {
     # indexer compressor state: as csa_state at index_head_dim
     "csa_inner_state": PoolGroup(
         name="csa_inner_state",
-        layers=(2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54, 56, 58, 60),
+        layers=(
+            2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42, 44,
+            46, 48, 50, 52, 54, 56, 58, 60,
+        ),
         rows_per_page=4,
         row_width=512,
         dtype=torch.float32,
@@ -222,7 +244,9 @@ def allocate(blocks: dict[str, int], device: str | torch.device = "cpu") -> Pool
             for _ in range(RANKS)
         ),
         csa_inner_state=tuple(
-            torch.zeros((30, blocks["csa_inner_state"], 4, 512), dtype=torch.float32, device=device)
+            torch.zeros(
+                (30, blocks["csa_inner_state"], 4, 512), dtype=torch.float32, device=device,
+            )
             for _ in range(RANKS)
         ),
     )

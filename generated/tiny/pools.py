@@ -27,8 +27,8 @@ RANKS = 8
 
 
 def ori_blocks(num_tokens: int) -> int:
-    """ori: min(3, ceil(len / 128)); ring = ceil((window - 1 + in_flight) / block_size) + 1 with window
-    128, in_flight 2 (the widest decode row)."""
+    """ori: min(3, ceil(len / 128)); ring = ceil((window - 1 + in_flight) / block_size) + 1 with
+    window 128, in_flight 2 (the widest decode row)."""
     return min(3, -(-num_tokens // 128))
 
 

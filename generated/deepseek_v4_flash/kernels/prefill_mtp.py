@@ -1,12 +1,20 @@
 # @generated from specs/deepseek-v4-flash.yaml by codegen — do not edit
-"""prefill_mtp: MTP prefill: rebuilds the MTP layer's sliding KV from the last 128 pre-hc_head rows
-of a main prefill and the tokens that follow them.
+"""MTP prefill: rebuilds the MTP layer's sliding KV from the last 128 pre-hc_head rows of a
+main prefill and the tokens that follow them.
 """
 from __future__ import annotations
 
 import torch
 
-from runtime.abi import Arg, HostData, KernelABI, check_per_rank, check_tensor, check_weights, stage
+from runtime.abi import (
+    Arg,
+    HostData,
+    KernelABI,
+    check_per_rank,
+    check_tensor,
+    check_weights,
+    stage,
+)
 from runtime.backends import get_backend
 
 from ..architecture import FINGERPRINT
@@ -21,12 +29,25 @@ ROWS = 4  # prefill slots per rank
 # Positional ABI, in launch order. Shapes are per rank for per_rank args; None is a
 # dimension fixed at run time (a pool's block count).
 ARGS = (
-    Arg("mtp_hidden", "input", torch.bfloat16, (8, 4, 128, 4, 4096), "[ranks, slots, mtp_window, hc_mult, hidden]"),
+    Arg(
+        "mtp_hidden",
+        "input",
+        torch.bfloat16,
+        (8, 4, 128, 4, 4096),
+        "[ranks, slots, mtp_window, hc_mult, hidden]",
+    ),
     Arg("next_ids", "input", torch.int64, (8, 4, 128), "[ranks, slots, mtp_window]"),
     Arg("start_pos", "metadata", torch.int32, (8, 4), "[ranks, slots]"),
     Arg("num_rows", "metadata", torch.int32, (8, 4), "[ranks, slots]"),
     Arg("block_table_ori", "metadata", torch.int32, (8, 4, 3), "[ranks, slots, 3]"),
-    Arg("pool_ori", "pool", torch.bfloat16, (44, None, 128, 512), "[ranks] x [layers, blocks, rows_per_page, row_width]", per_rank=True),
+    Arg(
+        "pool_ori",
+        "pool",
+        torch.bfloat16,
+        (44, None, 128, 512),
+        "per rank: [layers, blocks, rows, width]",
+        per_rank=True,
+    ),
     Arg("weights", "weight", None, (), "handle"),
 )
 KERNEL = KernelABI(spec=SPEC_NAME, name=NAME, kind=KIND, args=ARGS)

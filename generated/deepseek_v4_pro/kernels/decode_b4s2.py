@@ -1,6 +1,6 @@
 # @generated from specs/deepseek-v4-pro.yaml by codegen — do not edit
-"""decode_b4s2: Fused decode + MTP draft B4S2 (K=1): per row, drafts 1 token(s) from the slot's
-state, then runs the main model on [tail, drafts].
+"""Fused decode + MTP draft B4S2 (K=1): per row, drafts 1 token(s) from the slot's state,
+then runs the main model on [tail, drafts].
 """
 from __future__ import annotations
 
@@ -34,18 +34,80 @@ ARGS = (
     Arg("block_table_hca_state", "metadata", torch.int32, (8, 4, 16), "[ranks, batch, 16]"),
     Arg("block_table_csa_state", "metadata", torch.int32, (8, 4, 2), "[ranks, batch, 2]"),
     Arg("block_table_csa_inner_state", "metadata", torch.int32, (8, 4, 2), "[ranks, batch, 2]"),
-    Arg("pool_ori", "pool", torch.bfloat16, (62, None, 128, 512), "[ranks] x [layers, blocks, rows_per_page, row_width]", per_rank=True),
-    Arg("pool_cmp_c128", "pool", torch.bfloat16, (31, None, 1, 512), "[ranks] x [layers, blocks, rows_per_page, row_width]", per_rank=True),
-    Arg("pool_cmp_c4", "pool", torch.bfloat16, (30, None, 32, 512), "[ranks] x [layers, blocks, rows_per_page, row_width]", per_rank=True),
-    Arg("pool_idx", "pool", torch.bfloat16, (30, None, 32, 128), "[ranks] x [layers, blocks, rows_per_page, row_width]", per_rank=True),
-    Arg("pool_hca_state", "pool", torch.float32, (31, None, 8, 1024), "[ranks] x [layers, blocks, rows_per_page, row_width]", per_rank=True),
-    Arg("pool_csa_state", "pool", torch.float32, (30, None, 4, 2048), "[ranks] x [layers, blocks, rows_per_page, row_width]", per_rank=True),
-    Arg("pool_csa_inner_state", "pool", torch.float32, (30, None, 4, 512), "[ranks] x [layers, blocks, rows_per_page, row_width]", per_rank=True),
-    Arg("mtp_slots", "pool", torch.int64, (32, 4), "[ranks] x [mtp_slots, 4]", per_rank=True),
-    Arg("mtp_slot_hidden", "pool", torch.bfloat16, (32, 4, 7168), "[ranks] x [mtp_slots, hc_mult, hidden]", per_rank=True),
+    Arg(
+        "pool_ori",
+        "pool",
+        torch.bfloat16,
+        (62, None, 128, 512),
+        "per rank: [layers, blocks, rows, width]",
+        per_rank=True,
+    ),
+    Arg(
+        "pool_cmp_c128",
+        "pool",
+        torch.bfloat16,
+        (31, None, 1, 512),
+        "per rank: [layers, blocks, rows, width]",
+        per_rank=True,
+    ),
+    Arg(
+        "pool_cmp_c4",
+        "pool",
+        torch.bfloat16,
+        (30, None, 32, 512),
+        "per rank: [layers, blocks, rows, width]",
+        per_rank=True,
+    ),
+    Arg(
+        "pool_idx",
+        "pool",
+        torch.bfloat16,
+        (30, None, 32, 128),
+        "per rank: [layers, blocks, rows, width]",
+        per_rank=True,
+    ),
+    Arg(
+        "pool_hca_state",
+        "pool",
+        torch.float32,
+        (31, None, 8, 1024),
+        "per rank: [layers, blocks, rows, width]",
+        per_rank=True,
+    ),
+    Arg(
+        "pool_csa_state",
+        "pool",
+        torch.float32,
+        (30, None, 4, 2048),
+        "per rank: [layers, blocks, rows, width]",
+        per_rank=True,
+    ),
+    Arg(
+        "pool_csa_inner_state",
+        "pool",
+        torch.float32,
+        (30, None, 4, 512),
+        "per rank: [layers, blocks, rows, width]",
+        per_rank=True,
+    ),
+    Arg("mtp_slots", "pool", torch.int64, (32, 4), "per rank: [mtp_slots, 4]", per_rank=True),
+    Arg(
+        "mtp_slot_hidden",
+        "pool",
+        torch.bfloat16,
+        (32, 4, 7168),
+        "per rank: [mtp_slots, hc_mult, hidden]",
+        per_rank=True,
+    ),
     Arg("weights", "weight", None, (), "handle"),
     Arg("logits", "output", torch.float32, (8, 4, 2, 129280), "[ranks, batch, seq, vocab]"),
-    Arg("hidden", "output", torch.bfloat16, (8, 4, 2, 4, 7168), "[ranks, batch, seq, hc_mult, hidden]"),
+    Arg(
+        "hidden",
+        "output",
+        torch.bfloat16,
+        (8, 4, 2, 4, 7168),
+        "[ranks, batch, seq, hc_mult, hidden]",
+    ),
     Arg("draft_ids", "output", torch.int64, (8, 4, 1), "[ranks, batch, k]"),
 )
 KERNEL = KernelABI(spec=SPEC_NAME, name=NAME, kind=KIND, args=ARGS)
@@ -55,9 +117,12 @@ KERNEL = KernelABI(spec=SPEC_NAME, name=NAME, kind=KIND, args=ARGS)
 class Outputs:
     """Views of the wrapper's output buffers, valid until its next launch."""
 
-    logits: torch.Tensor  # [ranks, batch, seq, vocab] float32: main-model logits of rows [tail, drafts...]
-    hidden: torch.Tensor  # [ranks, batch, seq, hc_mult, hidden] bfloat16: pre-hc_head streams of every row token
-    draft_ids: torch.Tensor  # [ranks, batch, k] int64: the MTP drafts this step verified
+    # [ranks, batch, seq, vocab] float32: main-model logits of rows [tail, drafts...]
+    logits: torch.Tensor
+    # [ranks, batch, seq, hc_mult, hidden] bfloat16: pre-hc_head streams of every row token
+    hidden: torch.Tensor
+    # [ranks, batch, k] int64: the MTP drafts this step verified
+    draft_ids: torch.Tensor
 
 
 class DecodeB4S2:
@@ -72,12 +137,16 @@ class DecodeB4S2:
         self.slot_ids = torch.zeros((8, 4), dtype=torch.int32, device=self.device)
         self.slot_gens = torch.zeros((8, 4), dtype=torch.int64, device=self.device)
         self.block_table_ori = torch.zeros((8, 4, 3), dtype=torch.int32, device=self.device)
-        self.block_table_cmp_c128 = torch.zeros((8, 4, 8192), dtype=torch.int32, device=self.device)
+        self.block_table_cmp_c128 = torch.zeros(
+            (8, 4, 8192), dtype=torch.int32, device=self.device,
+        )
         self.block_table_cmp_c4 = torch.zeros((8, 4, 8192), dtype=torch.int32, device=self.device)
         self.block_table_idx = torch.zeros((8, 4, 8192), dtype=torch.int32, device=self.device)
         self.block_table_hca_state = torch.zeros((8, 4, 16), dtype=torch.int32, device=self.device)
         self.block_table_csa_state = torch.zeros((8, 4, 2), dtype=torch.int32, device=self.device)
-        self.block_table_csa_inner_state = torch.zeros((8, 4, 2), dtype=torch.int32, device=self.device)
+        self.block_table_csa_inner_state = torch.zeros(
+            (8, 4, 2), dtype=torch.int32, device=self.device,
+        )
         self.logits = torch.zeros((8, 4, 2, 129280), dtype=torch.float32, device=self.device)
         self.hidden = torch.zeros((8, 4, 2, 4, 7168), dtype=torch.bfloat16, device=self.device)
         self.draft_ids = torch.zeros((8, 4, 1), dtype=torch.int64, device=self.device)

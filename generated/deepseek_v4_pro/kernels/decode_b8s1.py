@@ -1,5 +1,5 @@
 # @generated from specs/deepseek-v4-pro.yaml by codegen — do not edit
-"""decode_b8s1: Decode B8S1: 8 rows of 1 token per rank, no speculation.
+"""Decode B8S1: 8 rows of 1 token per rank, no speculation.
 """
 from __future__ import annotations
 
@@ -34,13 +34,62 @@ ARGS = (
     Arg("block_table_hca_state", "metadata", torch.int32, (8, 8, 16), "[ranks, batch, 16]"),
     Arg("block_table_csa_state", "metadata", torch.int32, (8, 8, 2), "[ranks, batch, 2]"),
     Arg("block_table_csa_inner_state", "metadata", torch.int32, (8, 8, 2), "[ranks, batch, 2]"),
-    Arg("pool_ori", "pool", torch.bfloat16, (62, None, 128, 512), "[ranks] x [layers, blocks, rows_per_page, row_width]", per_rank=True),
-    Arg("pool_cmp_c128", "pool", torch.bfloat16, (31, None, 1, 512), "[ranks] x [layers, blocks, rows_per_page, row_width]", per_rank=True),
-    Arg("pool_cmp_c4", "pool", torch.bfloat16, (30, None, 32, 512), "[ranks] x [layers, blocks, rows_per_page, row_width]", per_rank=True),
-    Arg("pool_idx", "pool", torch.bfloat16, (30, None, 32, 128), "[ranks] x [layers, blocks, rows_per_page, row_width]", per_rank=True),
-    Arg("pool_hca_state", "pool", torch.float32, (31, None, 8, 1024), "[ranks] x [layers, blocks, rows_per_page, row_width]", per_rank=True),
-    Arg("pool_csa_state", "pool", torch.float32, (30, None, 4, 2048), "[ranks] x [layers, blocks, rows_per_page, row_width]", per_rank=True),
-    Arg("pool_csa_inner_state", "pool", torch.float32, (30, None, 4, 512), "[ranks] x [layers, blocks, rows_per_page, row_width]", per_rank=True),
+    Arg(
+        "pool_ori",
+        "pool",
+        torch.bfloat16,
+        (62, None, 128, 512),
+        "per rank: [layers, blocks, rows, width]",
+        per_rank=True,
+    ),
+    Arg(
+        "pool_cmp_c128",
+        "pool",
+        torch.bfloat16,
+        (31, None, 1, 512),
+        "per rank: [layers, blocks, rows, width]",
+        per_rank=True,
+    ),
+    Arg(
+        "pool_cmp_c4",
+        "pool",
+        torch.bfloat16,
+        (30, None, 32, 512),
+        "per rank: [layers, blocks, rows, width]",
+        per_rank=True,
+    ),
+    Arg(
+        "pool_idx",
+        "pool",
+        torch.bfloat16,
+        (30, None, 32, 128),
+        "per rank: [layers, blocks, rows, width]",
+        per_rank=True,
+    ),
+    Arg(
+        "pool_hca_state",
+        "pool",
+        torch.float32,
+        (31, None, 8, 1024),
+        "per rank: [layers, blocks, rows, width]",
+        per_rank=True,
+    ),
+    Arg(
+        "pool_csa_state",
+        "pool",
+        torch.float32,
+        (30, None, 4, 2048),
+        "per rank: [layers, blocks, rows, width]",
+        per_rank=True,
+    ),
+    Arg(
+        "pool_csa_inner_state",
+        "pool",
+        torch.float32,
+        (30, None, 4, 512),
+        "per rank: [layers, blocks, rows, width]",
+        per_rank=True,
+    ),
     Arg("weights", "weight", None, (), "handle"),
     Arg("logits", "output", torch.float32, (8, 8, 1, 129280), "[ranks, batch, seq, vocab]"),
 )
@@ -51,7 +100,8 @@ KERNEL = KernelABI(spec=SPEC_NAME, name=NAME, kind=KIND, args=ARGS)
 class Outputs:
     """Views of the wrapper's output buffers, valid until its next launch."""
 
-    logits: torch.Tensor  # [ranks, batch, seq, vocab] float32: logits of every row token
+    # [ranks, batch, seq, vocab] float32: logits of every row token
+    logits: torch.Tensor
 
 
 class DecodeB8S1:
@@ -67,12 +117,16 @@ class DecodeB8S1:
         self.positions = torch.zeros((8, 8), dtype=torch.int32, device=self.device)
         self.row_lens = torch.zeros((8, 8), dtype=torch.int32, device=self.device)
         self.block_table_ori = torch.zeros((8, 8, 3), dtype=torch.int32, device=self.device)
-        self.block_table_cmp_c128 = torch.zeros((8, 8, 8192), dtype=torch.int32, device=self.device)
+        self.block_table_cmp_c128 = torch.zeros(
+            (8, 8, 8192), dtype=torch.int32, device=self.device,
+        )
         self.block_table_cmp_c4 = torch.zeros((8, 8, 8192), dtype=torch.int32, device=self.device)
         self.block_table_idx = torch.zeros((8, 8, 8192), dtype=torch.int32, device=self.device)
         self.block_table_hca_state = torch.zeros((8, 8, 16), dtype=torch.int32, device=self.device)
         self.block_table_csa_state = torch.zeros((8, 8, 2), dtype=torch.int32, device=self.device)
-        self.block_table_csa_inner_state = torch.zeros((8, 8, 2), dtype=torch.int32, device=self.device)
+        self.block_table_csa_inner_state = torch.zeros(
+            (8, 8, 2), dtype=torch.int32, device=self.device,
+        )
         self.logits = torch.zeros((8, 8, 1, 129280), dtype=torch.float32, device=self.device)
 
     def marshal(

@@ -1,6 +1,6 @@
 # @generated from specs/tiny.yaml by codegen — do not edit
-"""prefill_main: Main-model prefill: up to 4 chunks per rank, each a dynamic extent of at most 8192
-rows walked in 128-row tiles.
+"""Main-model prefill: up to 4 chunks per rank, each a dynamic extent of at most 8192 rows
+walked in 128-row tiles.
 """
 from __future__ import annotations
 
@@ -8,11 +8,19 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.abi import Arg, HostData, KernelABI, check_extent, check_per_rank, check_weights, stage
+from runtime.abi import (
+    Arg,
+    HostData,
+    KernelABI,
+    check_extent,
+    check_per_rank,
+    check_weights,
+    stage,
+)
 from runtime.backends import get_backend
 
 from ..architecture import FINGERPRINT
-from ..contract import BACKEND, RANKS, MAX_EXTENT, TILE
+from ..contract import BACKEND, MAX_EXTENT, RANKS, TILE
 from ..pools import Pools
 
 SPEC_NAME = "tiny"
@@ -33,17 +41,72 @@ ARGS = (
     Arg("block_table_hca_state", "metadata", torch.int32, (8, 4, 16), "[ranks, slots, 16]"),
     Arg("block_table_csa_state", "metadata", torch.int32, (8, 4, 2), "[ranks, slots, 2]"),
     Arg("block_table_csa_inner_state", "metadata", torch.int32, (8, 4, 2), "[ranks, slots, 2]"),
-    Arg("pool_ori", "pool", torch.float32, (5, None, 128, 128), "[ranks] x [layers, blocks, rows_per_page, row_width]", per_rank=True),
-    Arg("pool_cmp_c128", "pool", torch.float32, (1, None, 1, 128), "[ranks] x [layers, blocks, rows_per_page, row_width]", per_rank=True),
-    Arg("pool_cmp_c4", "pool", torch.float32, (2, None, 32, 128), "[ranks] x [layers, blocks, rows_per_page, row_width]", per_rank=True),
-    Arg("pool_idx", "pool", torch.float32, (2, None, 32, 64), "[ranks] x [layers, blocks, rows_per_page, row_width]", per_rank=True),
-    Arg("pool_hca_state", "pool", torch.float32, (1, None, 8, 256), "[ranks] x [layers, blocks, rows_per_page, row_width]", per_rank=True),
-    Arg("pool_csa_state", "pool", torch.float32, (2, None, 4, 512), "[ranks] x [layers, blocks, rows_per_page, row_width]", per_rank=True),
-    Arg("pool_csa_inner_state", "pool", torch.float32, (2, None, 4, 256), "[ranks] x [layers, blocks, rows_per_page, row_width]", per_rank=True),
+    Arg(
+        "pool_ori",
+        "pool",
+        torch.float32,
+        (5, None, 128, 128),
+        "per rank: [layers, blocks, rows, width]",
+        per_rank=True,
+    ),
+    Arg(
+        "pool_cmp_c128",
+        "pool",
+        torch.float32,
+        (1, None, 1, 128),
+        "per rank: [layers, blocks, rows, width]",
+        per_rank=True,
+    ),
+    Arg(
+        "pool_cmp_c4",
+        "pool",
+        torch.float32,
+        (2, None, 32, 128),
+        "per rank: [layers, blocks, rows, width]",
+        per_rank=True,
+    ),
+    Arg(
+        "pool_idx",
+        "pool",
+        torch.float32,
+        (2, None, 32, 64),
+        "per rank: [layers, blocks, rows, width]",
+        per_rank=True,
+    ),
+    Arg(
+        "pool_hca_state",
+        "pool",
+        torch.float32,
+        (1, None, 8, 256),
+        "per rank: [layers, blocks, rows, width]",
+        per_rank=True,
+    ),
+    Arg(
+        "pool_csa_state",
+        "pool",
+        torch.float32,
+        (2, None, 4, 512),
+        "per rank: [layers, blocks, rows, width]",
+        per_rank=True,
+    ),
+    Arg(
+        "pool_csa_inner_state",
+        "pool",
+        torch.float32,
+        (2, None, 4, 256),
+        "per rank: [layers, blocks, rows, width]",
+        per_rank=True,
+    ),
     Arg("weights", "weight", None, (), "handle"),
     Arg("extent", "scalar", None, (), "int"),
     Arg("logits", "output", torch.float32, (8, 4, 512), "[ranks, slots, vocab]"),
-    Arg("mtp_hidden", "output", torch.float32, (8, 4, 128, 4, 128), "[ranks, slots, mtp_window, hc_mult, hidden]"),
+    Arg(
+        "mtp_hidden",
+        "output",
+        torch.float32,
+        (8, 4, 128, 4, 128),
+        "[ranks, slots, mtp_window, hc_mult, hidden]",
+    ),
 )
 KERNEL = KernelABI(spec=SPEC_NAME, name=NAME, kind=KIND, args=ARGS)
 
@@ -52,8 +115,11 @@ KERNEL = KernelABI(spec=SPEC_NAME, name=NAME, kind=KIND, args=ARGS)
 class Outputs:
     """Views of the wrapper's output buffers, valid until its next launch."""
 
-    logits: torch.Tensor  # [ranks, slots, vocab] float32: logits of each slot's last valid row
-    mtp_hidden: torch.Tensor  # [ranks, slots, mtp_window, hc_mult, hidden] float32: pre-hc_head streams of each slot's last min(mtp_window, chunk_len) rows, row 0 first
+    # [ranks, slots, vocab] float32: logits of each slot's last valid row
+    logits: torch.Tensor
+    # [ranks, slots, mtp_window, hc_mult, hidden] float32: pre-hc_head streams of each slot's last
+    # min(mtp_window, chunk_len) rows, row 0 first
+    mtp_hidden: torch.Tensor
 
 
 class PrefillMain:
@@ -74,7 +140,9 @@ class PrefillMain:
         self.block_table_idx = torch.zeros((8, 4, 128), dtype=torch.int32, device=self.device)
         self.block_table_hca_state = torch.zeros((8, 4, 16), dtype=torch.int32, device=self.device)
         self.block_table_csa_state = torch.zeros((8, 4, 2), dtype=torch.int32, device=self.device)
-        self.block_table_csa_inner_state = torch.zeros((8, 4, 2), dtype=torch.int32, device=self.device)
+        self.block_table_csa_inner_state = torch.zeros(
+            (8, 4, 2), dtype=torch.int32, device=self.device,
+        )
         self.logits = torch.zeros((8, 4, 512), dtype=torch.float32, device=self.device)
         self.mtp_hidden = torch.zeros((8, 4, 128, 4, 128), dtype=torch.float32, device=self.device)
 
