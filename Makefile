@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install codegen check-generated test serve clean
+.PHONY: install codegen check-generated lint test serve clean
 
 install: $(STAMP)
 
@@ -20,7 +20,10 @@ codegen: install  ## regenerate generated/ from specs/*.yaml
 check-generated: install  ## fail if generated/ differs from what specs/ generate
 	$(PY) -m codegen --check
 
-test: install  ## the whole test suite
+lint: install  ## ruff over the hand-written code (generated/ is checked by check-generated)
+	$(VENV)/bin/ruff check codegen runtime server tests
+
+test: lint  ## lint, then the whole test suite
 	$(PY) -m pytest -q
 
 serve: install  ## serve the embedded default (placeholder until the server lands)

@@ -15,7 +15,8 @@ class SpecIssue:
 
     def __str__(self) -> str:
         where = f"{self.path}:{self.line}"
-        return f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+        field = f" {self.field}:" if self.field else ""
+        return f"{where}:{field} {self.message}"
 
 
 class SpecError(ValueError):

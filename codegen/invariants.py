@@ -5,7 +5,7 @@ caller attaches file and line. Per-field types and ranges live in `schema.py`.
 """
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from codegen.pool_roles import ROLES, layer_kinds, role_kinds
 from codegen.schema import Spec
@@ -104,7 +104,8 @@ def _decode(spec: Spec) -> Iterator[Problem]:
     for i, layout in enumerate(d.layouts):
         at = ("decode", "layouts", i)
         if layout.seq != layout.k + 1:
-            yield (at + ("seq",), f"must be k + 1 = {layout.k + 1} for k={layout.k}, not {layout.seq}")
+            yield (at + ("seq",),
+                   f"must be k + 1 = {layout.k + 1} for k={layout.k}, not {layout.seq}")
         if layout.k in seen:
             yield (at + ("k",), f"a second layout for K={layout.k}; keep one per K")
         elif layout.k not in advertised:

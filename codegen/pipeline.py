@@ -33,7 +33,8 @@ def load_spec(path: str | Path, root: Path | None = None) -> Spec:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise SpecError([SpecIssue(shown, 1, "", f"cannot read the spec: {exc.strerror}")]) from None
+        issue = SpecIssue(shown, 1, "", f"cannot read the spec: {exc.strerror}")
+        raise SpecError([issue]) from None
     data, locator = load_yaml(text, shown)
     try:
         spec = Spec.model_validate(data)

@@ -89,8 +89,10 @@ def build_plan(spec: Spec, spec_path: str, spec_stem: str) -> Plan:
     m = spec.model
     kinds = layer_kinds(m)
     pools = tuple(_pool_plan(spec, role, kinds) for role in ROLES)
-    layouts = tuple(_layout_plan(layout) for layout in sorted(spec.decode.layouts, key=lambda l: l.k))
-    mtp_slots = max((l.batch * spec.decode.micro_batches for l in layouts if l.k > 0), default=0)
+    layouts = tuple(_layout_plan(layout)
+                    for layout in sorted(spec.decode.layouts, key=lambda lay: lay.k))
+    mtp_slots = max((lay.batch * spec.decode.micro_batches for lay in layouts if lay.k > 0),
+                    default=0)
     model_items = tuple(sorted(m.model_dump(mode="json").items()))
     plan = Plan(
         spec_name=spec_stem,

@@ -5,8 +5,8 @@ must agree with (checked in `invariants.py`) and how the plan derives block coun
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from codegen.schema import ModelSection
 

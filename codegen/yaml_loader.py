@@ -74,7 +74,8 @@ def _build_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, at: FieldPat
         key = loader.construct_object(key_node, deep=True)
         line = key_node.start_mark.line + 1
         if not isinstance(key, (str, int)) or isinstance(key, bool):
-            raise SpecError([SpecIssue(loc.path, line, dotted(at), f"key {key!r} must be a string")])
+            issue = SpecIssue(loc.path, line, dotted(at), f"key {key!r} must be a string")
+            raise SpecError([issue])
         if key in out:
             first = loc.lines[at + (key,)]
             raise SpecError([SpecIssue(loc.path, line, dotted(at + (key,)),

@@ -6,12 +6,12 @@ spec and every kernel. Nothing here knows a spec.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
-
 
 # Host-side integer data a wrapper stages: a tensor, a numpy array or nested lists.
 HostData = Any

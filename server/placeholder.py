@@ -18,7 +18,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     package = generated.load(args.spec)
     c = package.contract
-    layouts = ", ".join(f"K={k}: {l.kernel}" for k, l in sorted(c.DECODE_LAYOUTS.items()))
+    layouts = ", ".join(f"K={k}: {lay.kernel}" for k, lay in sorted(c.DECODE_LAYOUTS.items()))
     print(f"spec {package.SPEC_PATH}: {c.RANKS} ranks (dp {c.DP}, ep {c.EP}) on {c.DEVICE}, "
           f"prefill tile {c.TILE} up to {c.MAX_EXTENT} rows x {c.SLOTS_PER_RANK} slots, "
           f"decode {layouts}")

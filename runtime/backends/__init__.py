@@ -6,7 +6,8 @@ the registered names.
 """
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from runtime.abi import KernelABI
 

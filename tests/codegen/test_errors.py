@@ -35,7 +35,8 @@ MODEL_KEYS = (
 def test_unknown_key_names_the_key_and_the_valid_ones(tmp_path, tiny_text):
     _check(tmp_path, tiny_text, "  hidden_size: 128", "  hiden_size: 128", "hiden_size",
            "model.hiden_size",
-           f"unknown key 'hiden_size' (did you mean 'hidden_size'?); valid keys here: {MODEL_KEYS}")
+           "unknown key 'hiden_size' (did you mean 'hidden_size'?); valid keys here: "
+           + MODEL_KEYS)
 
 
 def test_unknown_pool_group_lists_the_seven(tmp_path, tiny_text):
@@ -81,8 +82,9 @@ def test_tile_must_divide_the_extent(tmp_path, tiny_text):
 
 
 def test_advertised_k_needs_a_layout(tmp_path, tiny_text):
-    _check(tmp_path, tiny_text, "num_speculative_tokens: [0, 1]", "num_speculative_tokens: [0, 1, 2]",
-           "  num_speculative_tokens:", "decode.num_speculative_tokens[2]",
+    _check(tmp_path, tiny_text, "num_speculative_tokens: [0, 1]",
+           "num_speculative_tokens: [0, 1, 2]", "  num_speculative_tokens:",
+           "decode.num_speculative_tokens[2]",
            "K=2 has no decode layout; add one with k: 2, seq: 3")
 
 
@@ -98,8 +100,9 @@ def test_pool_row_width_must_match_the_model(tmp_path, tiny_text):
 
 
 def test_pool_layers_must_match_the_model(tmp_path, tiny_text):
-    _check(tmp_path, tiny_text, "cmp_c4:          {layers: [csa]", "cmp_c4:          {layers: [hca]",
-           "    cmp_c4:", "pools.groups.cmp_c4.layers", "['hca'] must be ['csa'] for this model")
+    _check(tmp_path, tiny_text, "cmp_c4:          {layers: [csa]",
+           "cmp_c4:          {layers: [hca]", "    cmp_c4:", "pools.groups.cmp_c4.layers",
+           "['hca'] must be ['csa'] for this model")
 
 
 def test_full_pool_rows_follow_the_block_size(tmp_path, tiny_text):
@@ -115,8 +118,8 @@ def test_compressor_state_must_be_float32(tmp_path, tiny_text):
 
 
 def test_compress_ratios_need_one_entry_per_layer_and_mtp(tmp_path, tiny_text):
-    _check(tmp_path, tiny_text, "compress_ratios: [0, 4, 128, 4, 0]", "compress_ratios: [0, 4, 128, 4]",
-           "compress_ratios:", "model.compress_ratios",
+    _check(tmp_path, tiny_text, "compress_ratios: [0, 4, 128, 4, 0]",
+           "compress_ratios: [0, 4, 128, 4]", "compress_ratios:", "model.compress_ratios",
            "has 4 entries; need num_hidden_layers + num_nextn_predict_layers = 4 + 1 = 5")
 
 
@@ -141,5 +144,5 @@ def test_every_error_is_reported_one_per_line_in_line_order(tmp_path, tiny_text)
     text = replace_once(tiny_text, "  hidden_size: 128", "  hiden_size: 128")
     text = replace_once(text, "  tile: 128", "  tile: -1")
     lines = _error(tmp_path, text).splitlines()
-    assert [l.split(": ")[1] for l in lines] == ["model.hiden_size", "prefill.tile"]
-    assert lines == sorted(lines, key=lambda l: int(l.split(":")[1]))
+    assert [line.split(": ")[1] for line in lines] == ["model.hiden_size", "prefill.tile"]
+    assert lines == sorted(lines, key=lambda line: int(line.split(":")[1]))

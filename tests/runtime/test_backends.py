@@ -79,7 +79,8 @@ def test_dryrun_rejects_rows_longer_than_the_extent():
 @pytest.mark.parametrize("extent", [0, 100, 8192 + 128, True])
 def test_extent_must_be_a_tile_multiple_within_the_maximum(extent):
     with pytest.raises(ABIError, match="must be a multiple of the tile 128"):
-        tiny.kernels.PrefillMain(backend="dryrun").marshal(**{**_prefill_kwargs(), "extent": extent})
+        wrapper = tiny.kernels.PrefillMain(backend="dryrun")
+        wrapper.marshal(**{**_prefill_kwargs(), "extent": extent})
 
 
 def test_tensors_are_not_silently_cast():
