@@ -6,7 +6,7 @@ spec and every kernel. Nothing here knows a spec.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,16 +40,6 @@ class Arg:
 
 
 @dataclass(frozen=True)
-class KernelABI:
-    """What a backend needs to dispatch and check a launch."""
-
-    spec: str
-    name: str
-    kind: str
-    args: tuple[Arg, ...]
-
-
-@dataclass(frozen=True)
 class PoolGroup:
     """One pool group of a spec; per rank a tensor [layers, blocks, rows_per_page, row_width].
 
@@ -73,6 +63,19 @@ class PoolGroup:
     def layer_index(self, layer_id: int) -> int:
         """Index of `layer_id` along dim 0 of this group's tensors."""
         return self.layers.index(layer_id)
+
+
+@dataclass(frozen=True)
+class KernelABI:
+    """What a backend needs to dispatch and check a launch: the kernel's kind, its
+    positional arguments, the spec's pool-group geometry and the prefill tile."""
+
+    spec: str
+    name: str
+    kind: str
+    args: tuple[Arg, ...]
+    groups: Mapping[str, PoolGroup]
+    tile: int
 
 
 @dataclass(frozen=True)

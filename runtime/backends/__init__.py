@@ -50,8 +50,10 @@ def get_backend(name: str) -> Backend:
 
 def _register_builtin() -> None:
     from runtime.backends.dryrun import DryRunBackend
+    from runtime.backends.torch_backend import TorchBackend
 
     register_backend(DryRunBackend.name, DryRunBackend)
+    register_backend(TorchBackend.name, TorchBackend)
 
 
 _register_builtin()

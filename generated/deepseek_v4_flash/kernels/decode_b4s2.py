@@ -12,8 +12,8 @@ from runtime.abi import Arg, HostData, KernelABI, check_per_rank, check_weights,
 from runtime.backends import get_backend
 
 from ..architecture import FINGERPRINT
-from ..contract import BACKEND, RANKS
-from ..pools import MtpState, Pools
+from ..contract import BACKEND, RANKS, TILE
+from ..pools import GROUPS, MtpState, Pools
 
 SPEC_NAME = "deepseek-v4-flash"
 NAME = "decode_b4s2"
@@ -110,7 +110,7 @@ ARGS = (
     ),
     Arg("draft_ids", "output", torch.int64, (8, 4, 1), "[ranks, batch, k]"),
 )
-KERNEL = KernelABI(spec=SPEC_NAME, name=NAME, kind=KIND, args=ARGS)
+KERNEL = KernelABI(spec=SPEC_NAME, name=NAME, kind=KIND, args=ARGS, groups=GROUPS, tile=TILE)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from runtime.backends import get_backend
 
 from ..architecture import FINGERPRINT
 from ..contract import BACKEND, MAX_EXTENT, RANKS, TILE
-from ..pools import Pools
+from ..pools import GROUPS, Pools
 
 SPEC_NAME = "deepseek-v4-pro"
 NAME = "prefill_main"
@@ -108,7 +108,7 @@ ARGS = (
         "[ranks, slots, mtp_window, hc_mult, hidden]",
     ),
 )
-KERNEL = KernelABI(spec=SPEC_NAME, name=NAME, kind=KIND, args=ARGS)
+KERNEL = KernelABI(spec=SPEC_NAME, name=NAME, kind=KIND, args=ARGS, groups=GROUPS, tile=TILE)
 
 
 @dataclass(frozen=True)

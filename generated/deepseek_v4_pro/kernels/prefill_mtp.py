@@ -18,8 +18,8 @@ from runtime.abi import (
 from runtime.backends import get_backend
 
 from ..architecture import FINGERPRINT
-from ..contract import BACKEND, RANKS
-from ..pools import Pools
+from ..contract import BACKEND, RANKS, TILE
+from ..pools import GROUPS, Pools
 
 SPEC_NAME = "deepseek-v4-pro"
 NAME = "prefill_mtp"
@@ -50,7 +50,7 @@ ARGS = (
     ),
     Arg("weights", "weight", None, (), "handle"),
 )
-KERNEL = KernelABI(spec=SPEC_NAME, name=NAME, kind=KIND, args=ARGS)
+KERNEL = KernelABI(spec=SPEC_NAME, name=NAME, kind=KIND, args=ARGS, groups=GROUPS, tile=TILE)
 
 
 class PrefillMtp:

@@ -11,8 +11,8 @@ from runtime.abi import Arg, HostData, KernelABI, check_per_rank, check_weights,
 from runtime.backends import get_backend
 
 from ..architecture import FINGERPRINT
-from ..contract import BACKEND, RANKS
-from ..pools import Pools
+from ..contract import BACKEND, RANKS, TILE
+from ..pools import GROUPS, Pools
 
 SPEC_NAME = "tiny"
 NAME = "decode_b8s1"
@@ -93,7 +93,7 @@ ARGS = (
     Arg("weights", "weight", None, (), "handle"),
     Arg("logits", "output", torch.float32, (8, 8, 1, 512), "[ranks, batch, seq, vocab]"),
 )
-KERNEL = KernelABI(spec=SPEC_NAME, name=NAME, kind=KIND, args=ARGS)
+KERNEL = KernelABI(spec=SPEC_NAME, name=NAME, kind=KIND, args=ARGS, groups=GROUPS, tile=TILE)
 
 
 @dataclass(frozen=True)

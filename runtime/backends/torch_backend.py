@@ -1,0 +1,135 @@
+"""The torch backend: each kernel kind in plain PyTorch over the grouped pools.
+
+The same code runs on cpu, cuda, or Ascend through torch_npu. Padded rows and empty
+slots are skipped (fixed shapes are the contract; this backend needs no static shapes).
+"""
+from __future__ import annotations
+
+import torch
+
+from runtime.abi import KernelABI
+from runtime.model.forward import logits, main_model, mtp_block, mtp_write_kv
+from runtime.model.paging import PoolView, Segment
+from runtime.model.params import ModelParams
+
+
+class TorchBackend:
+    name = "torch"
+
+    def __init__(self) -> None:
+        self._kinds = {"prefill_main": _prefill_main, "prefill_mtp": _prefill_mtp,
+                       "decode": _decode, "decode_mtp": _decode_mtp}
+
+    def launch(self, kernel: KernelABI, args: tuple) -> None:
+        named = dict(zip((a.name for a in kernel.args), args))
+        with torch.inference_mode():
+            self._kinds[kernel.kind](kernel, named)
+
+
+def _view(kernel: KernelABI, named: dict) -> PoolView:
+    groups = kernel.groups
+    return PoolView(pools={g: named["pool_" + g] for g in groups},
+                    tables={g: named["block_table_" + g] for g in groups}, groups=groups)
+
+
+def _segments(lengths: torch.Tensor, starts: torch.Tensor) -> list[Segment]:
+    """One segment per (rank, row) with a positive length, in rank-major order."""
+    segments, offset = [], 0
+    for rank, row in torch.nonzero(lengths > 0).tolist():
+        n = int(lengths[rank, row])
+        segments.append(Segment(rank, row, int(starts[rank, row]), n, offset))
+        offset += n
+    return segments
+
+
+def _gather(values: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
+    """Rows [rank, row, :length] of every segment, concatenated: [T, ...]."""
+    return torch.cat([values[s.rank, s.row, : s.length] for s in segments])
+
+
+def _prefill_main(kernel: KernelABI, named: dict) -> None:
+    params: ModelParams = named["weights"]
+    segments = _segments(named["chunk_lens"], named["start_pos"])
+    if not segments:
+        return
+    h = main_model(params, _gather(named["token_ids"], segments), segments,
+                   _view(kernel, named), kernel.tile)
+    last = torch.tensor([s.offset + s.length - 1 for s in segments], device=h.device)
+    out = logits(params, h[last])
+    window = named["mtp_hidden"].shape[2] if "mtp_hidden" in named else 0
+    for i, s in enumerate(segments):
+        named["logits"][s.rank, s.row] = out[i]
+        if window:
+            keep = min(window, s.length)
+            named["mtp_hidden"][s.rank, s.row, :keep] = h[s.offset + s.length - keep: s.offset + s.length]
+
+
+def _prefill_mtp(kernel: KernelABI, named: dict) -> None:
+    params: ModelParams = named["weights"]
+    segments = _segments(named["num_rows"], named["start_pos"])
+    if not segments:
+        return
+    layer = params.args.mtp_layers[0]
+    mtp_write_kv(params, layer, _gather(named["mtp_hidden"], segments),
+                 _gather(named["next_ids"], segments), segments, _view(kernel, named))
+
+
+def _decode(kernel: KernelABI, named: dict) -> None:
+    params: ModelParams = named["weights"]
+    segments = _segments(named["row_lens"], named["positions"])
+    if not segments:
+        return
+    h = main_model(params, _gather(named["token_ids"], segments), segments,
+                   _view(kernel, named), kernel.tile)
+    out = logits(params, h)
+    for s in segments:
+        named["logits"][s.rank, s.row, : s.length] = out[s.tokens]
+
+
+def _decode_mtp(kernel: KernelABI, named: dict) -> None:
+    """Per row: draft K tokens with the MTP block from the slot's (hidden, tail), then run
+    the main model on [tail, drafts]. Rows whose slot generation moved on are skipped."""
+    params: ModelParams = named["weights"]
+    rows = _live_rows(named)
+    if not rows:
+        return
+    view, k = _view(kernel, named), named["draft_ids"].shape[2]
+    tails = torch.stack([named["mtp_slots"][r][slot, 0] for r, _, slot in rows])
+    tail_pos = [int(named["mtp_slots"][r][slot, 1]) for r, _, slot in rows]
+    hidden = torch.stack([named["mtp_slot_hidden"][r][slot] for r, _, slot in rows])
+    drafts = _draft(params, kernel, view, rows, tails, tail_pos, hidden, k)
+    segments = [Segment(r, b, pos, k + 1, i * (k + 1))
+                for i, ((r, b, _), pos) in enumerate(zip(rows, tail_pos))]
+    ids = torch.cat((tails[:, None], drafts), dim=1).reshape(-1)
+    h = main_model(params, ids, segments, view, kernel.tile)
+    out = logits(params, h)
+    for i, (r, b, _) in enumerate(rows):
+        named["logits"][r, b] = out[i * (k + 1):(i + 1) * (k + 1)]
+        named["hidden"][r, b] = h[i * (k + 1):(i + 1) * (k + 1)]
+        named["draft_ids"][r, b] = drafts[i]
+
+
+def _live_rows(named: dict) -> list[tuple[int, int, int]]:
+    """(rank, row, slot) of rows whose slot still belongs to the expected generation."""
+    live = []
+    for r, b in torch.nonzero(named["slot_ids"] >= 0).tolist():
+        slot = int(named["slot_ids"][r, b])
+        if int(named["mtp_slots"][r][slot, 3]) == int(named["slot_gens"][r, b]):
+            live.append((r, b, slot))
+    return live
+
+
+def _draft(params: ModelParams, kernel: KernelABI, view: PoolView,
+           rows: list[tuple[int, int, int]], tails: torch.Tensor, tail_pos: list[int],
+           hidden: torch.Tensor, k: int) -> torch.Tensor:
+    """K greedy drafts per row; step i runs the MTP block at position tail_pos - 1 + i on
+    (streams, token), chaining the block's own output streams and draft."""
+    layer = params.args.mtp_layers[0]
+    token, drafts = tails, []
+    for step in range(k):
+        segments = [Segment(r, b, pos - 1 + step, 1, i)
+                    for i, ((r, b, _), pos) in enumerate(zip(rows, tail_pos))]
+        hidden = mtp_block(params, layer, hidden, token, segments, view, kernel.tile)
+        token = logits(params, hidden, params.args.prefix(layer)).argmax(-1)
+        drafts.append(token)
+    return torch.stack(drafts, dim=1)

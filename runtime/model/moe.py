@@ -1,0 +1,70 @@
+"""Mixture of experts: routing, expert-parallel routed experts, the shared expert.
+
+    scores = sqrt(softplus(x @ gate.W^T))   (float32)
+    hash layers: experts = tid2eid[token id];  others: experts = topk(scores + gate.bias)
+    weights = scores[experts], normalised to sum 1, times routed_scaling_factor
+    routed expert: w2(silu(min(w1 x, limit)) * clamp(w3 x, -limit, limit))
+    shared expert: w2(silu(w1 x) * w3 x)   (no clamp, as in the official code)
+
+Routed experts are partitioned over the ranks. Each token row travels to the rank that
+owns each of its experts (the all-to-all dispatch), is computed there with that rank's
+weights only, and the weighted results are summed back at the token (the combine).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from runtime.model.args import ModelArgs
+from runtime.model.params import Experts, LayerParams
+
+
+def route(p: LayerParams, args: ModelArgs, hashed: bool, x: torch.Tensor,
+          ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(expert ids [T, k], weights [T, k] float32) of every token."""
+    scores = torch.sqrt(F.softplus(F.linear(x.float(), p["ffn.gate.weight"].float())))
+    if hashed:
+        chosen = p["ffn.gate.tid2eid"][ids].long()
+    else:
+        chosen = (scores + p["ffn.gate.bias"].float()).topk(args.n_active, dim=-1).indices
+    weights = scores.gather(1, chosen)
+    if args.norm_topk_prob:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return chosen, weights * args.route_scale
+
+
+def routed(experts: tuple[Experts, ...], x: torch.Tensor, chosen: torch.Tensor,
+           weights: torch.Tensor, limit: float) -> torch.Tensor:
+    """Dispatch each (token, expert) pair to the expert's owning rank and combine."""
+    per_rank = experts[0].count
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for rank, local in enumerate(experts):
+        token, slot = torch.nonzero((chosen // per_rank) == rank, as_tuple=True)
+        if token.numel() == 0:
+            continue
+        expert = chosen[token, slot] - rank * per_rank
+        for e in expert.unique().tolist():
+            pick = expert == e
+            rows = token[pick]
+            y = _swiglu(x[rows], local.w1[e], local.w2[e], local.w3[e], limit)
+            out.index_add_(0, rows, y.float() * weights[rows, slot[pick], None])
+    return out.to(x.dtype)
+
+
+def shared(p: LayerParams, x: torch.Tensor) -> torch.Tensor:
+    return _swiglu(x, p["ffn.shared_experts.w1.weight"], p["ffn.shared_experts.w2.weight"],
+                   p["ffn.shared_experts.w3.weight"], None)
+
+
+def moe(p: LayerParams, args: ModelArgs, hashed: bool, experts: tuple[Experts, ...],
+        x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    chosen, weights = route(p, args, hashed, x, ids)
+    return routed(experts, x, chosen, weights, args.swiglu_limit) + shared(p, x)
+
+
+def _swiglu(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor,
+            limit: float | None) -> torch.Tensor:
+    gate, up = F.linear(x, w1), F.linear(x, w3)
+    if limit is not None:
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return F.linear(F.silu(gate) * up, w2)
