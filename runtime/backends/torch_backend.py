@@ -27,9 +27,10 @@ class TorchBackend:
 
 
 def _view(kernel: KernelABI, named: dict) -> PoolView:
-    groups = kernel.groups
+    """The pools this kernel was handed (prefill_mtp takes only "ori")."""
+    groups = [g for g in kernel.groups if "pool_" + g in named]
     return PoolView(pools={g: named["pool_" + g] for g in groups},
-                    tables={g: named["block_table_" + g] for g in groups}, groups=groups)
+                    tables={g: named["block_table_" + g] for g in groups}, groups=kernel.groups)
 
 
 def _segments(lengths: torch.Tensor, starts: torch.Tensor) -> list[Segment]:

@@ -1,0 +1,120 @@
+"""Test support for the model: checkpoints in the official format, and a driver that
+runs one request through the pools in chunks, then token by token."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+import generated
+from runtime.model.forward import logits, main_model
+from runtime.model.paging import PoolView, Segment
+from runtime.model.params import ModelParams
+from runtime.weights import load_params
+
+TINY = generated.load("tiny")
+FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "v4-tiny"
+SPEC_KEYS = tuple(TINY.architecture.CONFIG)
+
+# transformers' DeepseekV4ForCausalLM names -> the official checkpoint names.
+RENAMES = (
+    ("model.embed_tokens.", "embed."), ("lm_head.", "head."), ("model.norm.", "norm."),
+    ("model.hc_head.hc_", "hc_head_"), ("model.layers.", "layers."),
+    (".self_attn.compressor.indexer.scorer.weights_proj.", ".attn.indexer.weights_proj."),
+    (".self_attn.compressor.indexer.q_b_proj.", ".attn.indexer.wq_b."),
+    (".self_attn.compressor.indexer.", ".attn.indexer.compressor."),
+    (".self_attn.compressor.", ".attn.compressor."), (".self_attn.", ".attn."),
+    (".compressor.kv_proj.", ".compressor.wkv."), (".compressor.gate_proj.", ".compressor.wgate."),
+    (".compressor.kv_norm.", ".compressor.norm."), (".compressor.position_bias", ".compressor.ape"),
+    (".attn.q_a_proj.", ".attn.wq_a."), (".attn.q_a_norm.", ".attn.q_norm."),
+    (".attn.q_b_proj.", ".attn.wq_b."), (".attn.kv_proj.", ".attn.wkv."),
+    (".attn.o_a_proj.", ".attn.wo_a."), (".attn.o_b_proj.", ".attn.wo_b."),
+    (".attn.sinks", ".attn.attn_sink"), (".mlp.gate.e_score_correction_bias", ".ffn.gate.bias"),
+    (".mlp.shared_experts.gate_proj.", ".ffn.shared_experts.w1."),
+    (".mlp.shared_experts.up_proj.", ".ffn.shared_experts.w3."),
+    (".mlp.shared_experts.down_proj.", ".ffn.shared_experts.w2."), (".mlp.", ".ffn."),
+    (".input_layernorm.", ".attn_norm."), (".post_attention_layernorm.", ".ffn_norm."),
+    (".attn_hc.", ".hc_attn_"), (".ffn_hc.", ".hc_ffn_"),
+)
+
+
+def official_name(name: str) -> str:
+    for old, new in RENAMES:
+        name = name.replace(old, new)
+    return name
+
+
+def export_official(state: dict[str, torch.Tensor], config: dict, out: Path,
+                    mtp: dict[str, torch.Tensor]) -> Path:
+    """Write a transformers state dict (plus MTP tensors) as an official checkpoint."""
+    tensors = {}
+    for name, tensor in state.items():
+        name = official_name(name)
+        if name.endswith("ffn.experts.gate_up_proj"):
+            prefix, inter = name.removesuffix("gate_up_proj"), tensor.shape[1] // 2
+            for e in range(tensor.shape[0]):
+                tensors[f"{prefix}{e}.w1.weight"] = tensor[e, :inter]
+                tensors[f"{prefix}{e}.w3.weight"] = tensor[e, inter:]
+        elif name.endswith("ffn.experts.down_proj"):
+            prefix = name.removesuffix("down_proj")
+            for e in range(tensor.shape[0]):
+                tensors[f"{prefix}{e}.w2.weight"] = tensor[e]
+        elif name.endswith("ffn.gate.tid2eid"):
+            tensors[name] = tensor.to(torch.int32)
+        else:
+            tensors[name] = tensor
+    tensors.update(mtp)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def reference_params() -> ModelParams:
+    return load_params(FIXTURE, TINY)
+
+
+def golden() -> list[dict]:
+    return json.loads((FIXTURE / "golden.json").read_text())["cases"]
+
+
+class Driver:
+    """One request (rank, row) on fixed blocks of fresh tiny pools."""
+
+    BLOCKS = 24  # per group; enough for the longest test prompt
+
+    def __init__(self, params: ModelParams, rank: int = 0, row: int = 0, pools=None):
+        self.params, self.rank, self.row = params, rank, row
+        self.pools = pools or TINY.pools.allocate({g: self.BLOCKS for g in TINY.pools.GROUPS})
+        self.tables = self.block_tables(TINY.contract.SLOTS_PER_RANK)
+
+    def block_tables(self, rows: int) -> dict[str, np.ndarray]:
+        """Block tables of `rows` rows with this request's blocks on its (rank, row)."""
+        tables = {}
+        for name, group in TINY.pools.GROUPS.items():
+            table = np.full((TINY.contract.RANKS, rows, group.table_width), -1, np.int32)
+            width = min(group.table_width, self.BLOCKS)
+            table[self.rank, self.row, :width] = np.arange(width)
+            tables[name] = table
+        return tables
+
+    def view(self) -> PoolView:
+        return PoolView({g: getattr(self.pools, g) for g in TINY.pools.GROUPS},
+                        {g: torch.from_numpy(t) for g, t in self.tables.items()},
+                        TINY.pools.GROUPS)
+
+    def prefill(self, ids: list[int], chunk: int, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits [n, vocab] and streams [n, hc, dim] of every position, chunk by chunk."""
+        outs, streams = [], []
+        for at in range(0, len(ids), chunk):
+            piece = ids[at:at + chunk]
+            seg = Segment(self.rank, self.row, start + at, len(piece), 0)
+            with torch.inference_mode():
+                h = main_model(self.params, torch.tensor(piece), [seg], self.view(),
+                               TINY.contract.TILE)
+                outs.append(logits(self.params, h))
+            streams.append(h)
+        return torch.cat(outs), torch.cat(streams)
