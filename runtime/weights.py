@@ -28,7 +28,8 @@ from runtime.model.rope import Rope
 FP8_BLOCK = 128
 FP4_GROUP = 32
 # e2m1 code -> value; bit 3 is the sign.
-FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+              -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
 
 class CheckpointError(ValueError):
@@ -227,7 +228,8 @@ class _Reader:
 
     def _is_fp4(self, name: str) -> bool:
         scale = name.removesuffix(".weight") + ".scale"
-        return scale in self._where and self._where[name].get_slice(name).get_dtype() in ("I8", "U8")
+        packed = self._where[name].get_slice(name).get_dtype() in ("I8", "U8")
+        return packed and scale in self._where
 
     def load(self, name: str, shape: tuple[int, ...] | None) -> torch.Tensor:
         tensor = self._where[name].get_tensor(name)

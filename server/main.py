@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from codegen import cli as codegen_cli
+from codegen import spec_new
 from server import placeholder
 
 
@@ -13,6 +14,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="v4serve", description="Serve DeepSeek V4 models from declarative specs.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     codegen_cli.add_parser(sub)
+    spec_new.add_parser(sub)
     placeholder.add_parser(sub)
     return parser
 

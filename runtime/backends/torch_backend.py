@@ -62,7 +62,8 @@ def _prefill_main(kernel: KernelABI, named: dict) -> None:
         named["logits"][s.rank, s.row] = out[i]
         if window:
             keep = min(window, s.length)
-            named["mtp_hidden"][s.rank, s.row, :keep] = h[s.offset + s.length - keep: s.offset + s.length]
+            end = s.offset + s.length
+            named["mtp_hidden"][s.rank, s.row, :keep] = h[end - keep:end]
 
 
 def _prefill_mtp(kernel: KernelABI, named: dict) -> None:

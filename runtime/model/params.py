@@ -17,7 +17,7 @@ from runtime.model.rope import Rope
 
 @dataclass(frozen=True)
 class Experts:
-    """One rank's routed experts of one layer: w1, w3 [local, inter, dim]; w2 [local, dim, inter]."""
+    """One rank's routed experts of a layer: w1, w3 [local, inter, dim]; w2 [local, dim, inter]."""
 
     w1: torch.Tensor
     w2: torch.Tensor

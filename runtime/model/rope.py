@@ -24,7 +24,8 @@ def yarn_inv_freq(rope_dim: int, theta: float, factor: float, original_max: int,
     with a linear ramp between the correction dimensions of beta_fast and beta_slow."""
 
     def correction_dim(rotations: float) -> float:
-        return rope_dim * math.log(original_max / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+        turns = original_max / (rotations * 2 * math.pi)
+        return rope_dim * math.log(turns) / (2 * math.log(theta))
 
     low = max(math.floor(correction_dim(beta_fast)), 0)
     high = min(math.ceil(correction_dim(beta_slow)), rope_dim - 1)

@@ -28,7 +28,8 @@ RENAMES = (
     (".self_attn.compressor.indexer.", ".attn.indexer.compressor."),
     (".self_attn.compressor.", ".attn.compressor."), (".self_attn.", ".attn."),
     (".compressor.kv_proj.", ".compressor.wkv."), (".compressor.gate_proj.", ".compressor.wgate."),
-    (".compressor.kv_norm.", ".compressor.norm."), (".compressor.position_bias", ".compressor.ape"),
+    (".compressor.kv_norm.", ".compressor.norm."),
+    (".compressor.position_bias", ".compressor.ape"),
     (".attn.q_a_proj.", ".attn.wq_a."), (".attn.q_a_norm.", ".attn.q_norm."),
     (".attn.q_b_proj.", ".attn.wq_b."), (".attn.kv_proj.", ".attn.wkv."),
     (".attn.o_a_proj.", ".attn.wo_a."), (".attn.o_b_proj.", ".attn.wo_b."),
@@ -106,7 +107,8 @@ class Driver:
                         {g: torch.from_numpy(t) for g, t in self.tables.items()},
                         TINY.pools.GROUPS)
 
-    def prefill(self, ids: list[int], chunk: int, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def prefill(self, ids: list[int], chunk: int,
+                start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits [n, vocab] and streams [n, hc, dim] of every position, chunk by chunk."""
         outs, streams = [], []
         for at in range(0, len(ids), chunk):

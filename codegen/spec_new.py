@@ -1,0 +1,114 @@
+"""`v4serve spec new`: a spec for a checkpoint that has none.
+
+The architecture comes from the checkpoint's config.json; the serving shapes, limits,
+topology and pool settings from a base spec. Pool row widths and layer sets are
+re-derived for the new architecture, so the result validates whenever the base's
+serving choices suit the new model (for example ep must divide its expert count).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import yaml
+
+from codegen.errors import SpecError
+from codegen.pipeline import load_spec
+from codegen.pool_roles import ROLES, layer_kinds, role_kinds
+from codegen.schema import ModelSection, RopeScaling, Spec
+
+FLOW_KEYS = {"compress_ratios", "num_speculative_tokens"}
+
+
+def spec_from_config(config: dict[str, Any], base: Spec) -> dict[str, Any]:
+    """The new spec as plain data: config.json's model keys + the base's serving choices."""
+    missing = [key for key in ModelSection.model_fields if key not in config]
+    if missing:
+        raise ValueError(f"config.json lacks {', '.join(missing)}")
+    picked = {k: config[k] for k in ModelSection.model_fields}
+    if isinstance(picked["rope_scaling"], dict):  # keep the YaRN keys V4 reads
+        picked["rope_scaling"] = {k: v for k, v in picked["rope_scaling"].items()
+                                  if k in RopeScaling.model_fields}
+    try:
+        model = ModelSection.model_validate(picked)
+    except pydantic.ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"config.json: {problems}") from None
+    data = base.model_dump(mode="json")
+    data["model"] = model.model_dump(mode="json")
+    kinds = layer_kinds(model)
+    for role in ROLES:
+        group = data["pools"]["groups"][role.name]
+        group["layers"] = role_kinds(role, kinds)
+        group["row_width"] = role.width(model)
+    return data
+
+
+def render_spec(data: dict[str, Any], source: str, base: str) -> str:
+    """YAML with one line per pool group and decode layout, like the hand-written specs."""
+    lines = [f"# Written by `v4serve spec new` from {source} with the serving choices of {base}."]
+    for section, values in data.items():
+        lines.append(f"\n{section}:")
+        lines += _render_mapping(values, section)
+    return "\n".join(lines) + "\n"
+
+
+def _render_mapping(values: dict[str, Any], section: str) -> list[str]:
+    lines = []
+    for key, value in values.items():
+        if section == "pools" and key == "groups":
+            lines.append("  groups:")
+            lines += [f"    {name}: {_flow(group)}" for name, group in value.items()]
+        elif section == "decode" and key == "layouts":
+            lines.append("  layouts:")
+            lines += [f"    - {_flow(layout)}" for layout in value]
+        elif isinstance(value, dict) or (isinstance(value, list) and key not in FLOW_KEYS):
+            dumped = yaml.safe_dump({key: value}, sort_keys=False, default_flow_style=False)
+            lines += ["  " + line for line in dumped.rstrip().splitlines()]
+        else:
+            lines.append(f"  {key}: {_flow(value)}")
+    return lines
+
+
+def _flow(value: Any) -> str:
+    """One-line YAML for a scalar, list or mapping (no document-end marker)."""
+    text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10**6)
+    return text.removesuffix("\n...\n").strip()
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    spec = subparsers.add_parser("spec", help="write and inspect deployment specs")
+    actions = spec.add_subparsers(dest="spec_command", required=True, metavar="ACTION")
+    new = actions.add_parser(
+        "new", help="write a spec for a checkpoint from its config.json and a base spec",
+        description="Write a spec whose model section is the checkpoint's config.json and "
+                    "whose serving shapes, pools, limits and topology come from --base.")
+    new.add_argument("--from-config", required=True, type=Path,
+                     help="the checkpoint's config.json")
+    new.add_argument("--base", required=True, type=Path, help="spec to take serving choices from")
+    new.add_argument("-o", "--output", required=True, type=Path, help="spec file to write")
+    new.set_defaults(func=run_new)
+
+
+def run_new(args: argparse.Namespace) -> int:
+    try:
+        base = load_spec(args.base)
+        config = json.loads(args.from_config.read_text())
+        data = spec_from_config(config, base)
+    except (SpecError, OSError, ValueError) as exc:
+        print(f"spec new: {exc}", file=sys.stderr)
+        return 1
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(render_spec(data, args.from_config.as_posix(), args.base.as_posix()))
+    try:
+        load_spec(args.output)
+    except SpecError as exc:
+        print(f"spec new: wrote {args.output}, but it needs an edit before codegen:\n{exc}",
+              file=sys.stderr)
+        return 1
+    print(f"spec new: wrote {args.output}; run `make codegen` (or `v4serve codegen`) next")
+    return 0

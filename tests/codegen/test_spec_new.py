@@ -1,0 +1,109 @@
+"""`v4serve spec new`: a checkpoint without a spec becomes servable by a YAML file."""
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+from codegen.pipeline import generate, load_spec, plan_spec
+from tests.conftest import REPO, import_fresh
+
+FIXTURE = REPO / "tests" / "fixtures" / "v4-tiny"
+
+
+def _spec_new(config, base, out) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "server.main", "spec", "new", "--from-config",
+                           str(config), "--base", str(base), "-o", str(out)],
+                          cwd=REPO, capture_output=True, text=True)
+
+
+def test_reference_config_on_the_tiny_base_reproduces_the_tiny_layout(tmp_path):
+    out = tmp_path / "specs" / "ref.yaml"
+    result = _spec_new(FIXTURE / "config.json", REPO / "specs" / "tiny.yaml", out)
+    assert result.returncode == 0, result.stderr
+    ours, tiny = plan_spec(out, tmp_path), plan_spec(REPO / "specs" / "tiny.yaml", REPO)
+    assert ours.pools == tiny.pools and ours.fingerprint == tiny.fingerprint
+    assert [k.args for k in ours.kernels] == [k.args for k in tiny.kernels]
+
+
+def _other_config() -> dict:
+    config = json.loads((FIXTURE / "config.json").read_text())
+    config.update(hidden_size=96, head_dim=96, qk_rope_head_dim=32, index_head_dim=48,
+                  num_hidden_layers=5, compress_ratios=[128, 4, 0, 128, 4, 0],
+                  n_routed_experts=16, num_hash_layers=2, q_lora_rank=48, o_lora_rank=24)
+    return config
+
+
+def test_new_architecture_gets_its_own_pool_widths_and_layers(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(_other_config()))
+    out = tmp_path / "specs" / "other.yaml"
+    assert _spec_new(config, REPO / "specs" / "tiny.yaml", out).returncode == 0
+    spec = load_spec(out)
+    groups = spec.pools.groups
+    assert (groups.ori.row_width, groups.idx.row_width) == (96, 48)
+    assert (groups.hca_state.row_width, groups.csa_inner_state.row_width) == (192, 192)
+    assert spec.model.compress_ratios == [128, 4, 0, 128, 4, 0]
+    assert spec.decode == load_spec(REPO / "specs" / "tiny.yaml").decode
+
+
+def test_the_new_spec_serves_the_checkpoint_like_transformers(tmp_path):
+    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+
+    from runtime.model.args import ModelArgs
+    from runtime.weights import expected_shapes, load_params
+    from tests.model.support import export_official
+
+    config = _other_config()
+    torch.manual_seed(0)
+    model = DeepseekV4ForCausalLM(DeepseekV4Config(**copy.deepcopy(config))).float().eval()
+    for name, buf in model.named_buffers():
+        if name.endswith("tid2eid"):
+            buf.copy_(torch.stack([torch.randperm(16)[:2] for _ in range(buf.shape[0])]))
+    mtp = {n: torch.randn(s) * 0.05 for n, s in
+           expected_shapes(ModelArgs.from_config(config)).items() if n.startswith("mtp.")}
+    ckpt = export_official(model.state_dict(), config, tmp_path / "ckpt", mtp)
+
+    spec = tmp_path / "specs" / "other.yaml"
+    assert _spec_new(ckpt / "config.json", REPO / "specs" / "tiny.yaml", spec).returncode == 0
+    generate([spec], tmp_path / "pkgs", root=tmp_path, index=False)
+    pkg = import_fresh(tmp_path / "pkgs", "other")
+    params = load_params(ckpt, pkg)
+
+    c = pkg.contract
+    ids = torch.randint(2, 512, (200,)).tolist()
+    tokens = np.zeros((c.RANKS, c.SLOTS_PER_RANK, 256), np.int64)
+    tokens[0, 0, :200] = ids
+    lens = np.zeros((c.RANKS, c.SLOTS_PER_RANK), np.int32)
+    lens[0, 0] = 200
+    tables = {f"block_table_{g}": np.full((c.RANKS, c.SLOTS_PER_RANK, grp.table_width), -1,
+                                          np.int32) for g, grp in pkg.pools.GROUPS.items()}
+    for g, grp in pkg.pools.GROUPS.items():
+        tables[f"block_table_{g}"][0, 0, : min(grp.table_width, 8)] = np.arange(
+            min(grp.table_width, 8))
+    out = pkg.kernels.PrefillMain().launch(
+        token_ids=tokens, start_pos=np.zeros_like(lens), chunk_lens=lens, extent=256,
+        pools=pkg.pools.allocate({g: 8 for g in pkg.pools.GROUPS}), weights=params, **tables)
+    with torch.inference_mode():
+        want = model(torch.tensor([ids])).logits[0, -1]
+    assert (out.logits[0, 0] - want).abs().max() <= 1e-4
+
+
+def test_missing_config_key_and_unfit_base_are_reported(tmp_path):
+    config = json.loads((FIXTURE / "config.json").read_text())
+    del config["index_topk"]
+    (tmp_path / "a.json").write_text(json.dumps(config))
+    result = _spec_new(tmp_path / "a.json", REPO / "specs" / "tiny.yaml", tmp_path / "a.yaml")
+    assert result.returncode == 1 and "config.json lacks index_topk" in result.stderr
+
+    config = json.loads((FIXTURE / "config.json").read_text())
+    config["n_routed_experts"] = 12          # the base's 8 expert-parallel ranks do not divide it
+    (tmp_path / "b.json").write_text(json.dumps(config))
+    result = _spec_new(tmp_path / "b.json", REPO / "specs" / "tiny.yaml", tmp_path / "b.yaml")
+    assert result.returncode == 1
+    assert "needs an edit before codegen" in result.stderr
+    assert "topology.ep: 8 does not divide n_routed_experts 12" in result.stderr

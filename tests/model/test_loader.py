@@ -1,0 +1,131 @@
+"""The checkpoint loader: FP8/FP4 dequantization, expert placement, every error path."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from runtime.weights import (
+    FP4_VALUES,
+    CheckpointError,
+    dequantize_fp4,
+    dequantize_fp8,
+    load_params,
+)
+from tests.model.support import FIXTURE, TINY
+
+
+@pytest.fixture
+def tensors():
+    return load_file(str(FIXTURE / "model.safetensors"))
+
+
+def _write(tmp_path, tensors, config=None):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp_path / "model.safetensors"))
+    if config is None:
+        shutil.copy(FIXTURE / "config.json", tmp_path / "config.json")
+    else:
+        (tmp_path / "config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+def _fp8(weight: torch.Tensor, block_scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize weight [out, in] with the given power-of-two scales per 128x128 block."""
+    full = block_scales.repeat_interleave(128, 0)[: weight.shape[0]]
+    full = full.repeat_interleave(128, 1)[:, : weight.shape[1]]
+    return (weight / full).to(torch.float8_e4m3fn), block_scales.to(torch.float8_e8m0fnu)
+
+
+def _fp4(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pack e2m1 codes [out, in] two per byte (low nibble first); scales [out, in/32]."""
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8).view(torch.int8)
+    return packed, scales.to(torch.float8_e8m0fnu)
+
+
+def test_fp8_dequantizes_with_128x128_block_scales():
+    weight = torch.tensor([[1.5, -2.0], [0.25, 3.0]]).repeat(100, 100)   # [200, 200]
+    scales = torch.tensor([[0.5, 4.0], [2.0, 0.125]])
+    q, s = _fp8(weight, scales)
+    assert torch.equal(dequantize_fp8(q, s.float()), weight)
+    assert dequantize_fp8(q, s.float())[0, 0] == 1.5 and q.float()[0, 0] == 3.0
+
+
+def test_fp4_dequantizes_low_nibble_first_with_a_scale_per_32_inputs():
+    codes = torch.arange(64).remainder(16).view(1, 64)
+    scales = torch.tensor([[2.0, 0.5]])
+    packed, s = _fp4(codes, scales)
+    assert packed.shape == (1, 32) and int(packed.view(torch.uint8)[0, 0]) == 0x10
+    got = dequantize_fp4(packed, s.float())
+    want = torch.tensor([FP4_VALUES[c] for c in codes[0].tolist()])
+    want = want * torch.tensor([2.0] * 32 + [0.5] * 32)
+    assert torch.equal(got[0], want)
+
+
+def test_quantized_checkpoint_loads_to_the_dequantized_values(tmp_path, tensors):
+    name = "layers.1.attn.wq_b.weight"             # [512, 64]: 4x1 blocks of 128x128
+    exact = torch.randint(-4, 5, tensors[name].shape).float() / 2
+    tensors[name], tensors["layers.1.attn.wq_b.scale"] = _fp8(
+        exact, torch.tensor([[1.0], [2.0], [0.5], [4.0]]))
+    expert = "layers.2.ffn.experts.5.w1.weight"     # [64, 128]: FP4, 4 scales a row
+    codes = torch.randint(0, 16, (64, 128))
+    tensors[expert], tensors["layers.2.ffn.experts.5.w1.scale"] = _fp4(
+        codes, torch.full((64, 4), 0.5))
+    params = load_params(_write(tmp_path, tensors), TINY)
+    assert torch.equal(params[name], exact)
+    values = torch.tensor(FP4_VALUES)[codes] * 0.5
+    per_rank = params.experts_per_rank
+    assert torch.equal(params.experts[2][5 // per_rank].w1[5 % per_rank], values)
+
+
+def test_experts_live_only_on_their_owning_rank(tensors):
+    params = load_params(FIXTURE, TINY)
+    per_rank = TINY.contract.EXPERTS_PER_RANK
+    assert not any(".experts." in name for name in params.dense)
+    for layer, shards in params.experts.items():
+        assert len(shards) == TINY.contract.EP
+        for rank, shard in enumerate(shards):
+            assert shard.count == per_rank
+            for local in range(per_rank):
+                e = rank * per_rank + local
+                prefix = params.args.prefix(layer)
+                assert torch.equal(shard.w2[local],
+                                   tensors[f"{prefix}ffn.experts.{e}.w2.weight"].float())
+
+
+def test_missing_tensor_is_named(tmp_path, tensors):
+    del tensors["layers.2.attn.compressor.ape"]
+    with pytest.raises(CheckpointError, match="missing tensor layers.2.attn.compressor.ape"):
+        load_params(_write(tmp_path, tensors), TINY)
+
+
+def test_extra_tensor_is_named(tmp_path, tensors):
+    tensors["layers.0.attn.compressor.ape"] = torch.zeros(4, 256)
+    with pytest.raises(CheckpointError, match="unexpected tensor layers.0.attn.compressor.ape"):
+        load_params(_write(tmp_path, tensors), TINY)
+
+
+def test_misshaped_tensor_is_named(tmp_path, tensors):
+    tensors["mtp.0.e_proj.weight"] = torch.zeros(128, 64, dtype=torch.bfloat16)
+    with pytest.raises(CheckpointError, match=r"tensor mtp.0.e_proj.weight has shape "
+                                              r"\(128, 64\), expected \(128, 128\)"):
+        load_params(_write(tmp_path, tensors), TINY)
+
+
+def test_config_that_disagrees_with_the_spec_names_the_key(tmp_path, tensors):
+    config = json.loads((FIXTURE / "config.json").read_text())
+    config["index_topk"] = 32
+    with pytest.raises(CheckpointError, match="index_topk is 32 but specs/tiny.yaml says 16"):
+        load_params(_write(tmp_path, tensors, config), TINY)
+    del config["index_topk"]
+    with pytest.raises(CheckpointError, match="lacks 'index_topk'"):
+        load_params(_write(tmp_path, tensors, config), TINY)
+
+
+def test_directory_without_safetensors(tmp_path):
+    shutil.copy(FIXTURE / "config.json", tmp_path / "config.json")
+    with pytest.raises(CheckpointError, match="no \\*.safetensors files"):
+        load_params(tmp_path, TINY)
