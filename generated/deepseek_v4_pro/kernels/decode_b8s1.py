@@ -170,5 +170,9 @@ class DecodeB8S1:
 
     def launch(self, **kwargs: object) -> Outputs:
         """Marshal the keywords of marshal(), then run the kernel on the backend."""
-        self.backend.launch(KERNEL, self.marshal(**kwargs))
+        return self.run(self.marshal(**kwargs))
+
+    def run(self, args: tuple) -> Outputs:
+        """Run the kernel on arguments marshal() built."""
+        self.backend.launch(KERNEL, args)
         return Outputs(logits=self.logits)

@@ -91,4 +91,8 @@ class PrefillMtp:
 
     def launch(self, **kwargs: object) -> None:
         """Marshal the keywords of marshal(), then run the kernel on the backend."""
-        self.backend.launch(KERNEL, self.marshal(**kwargs))
+        return self.run(self.marshal(**kwargs))
+
+    def run(self, args: tuple) -> None:
+        """Run the kernel on arguments marshal() built."""
+        self.backend.launch(KERNEL, args)

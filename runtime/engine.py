@@ -1,0 +1,246 @@
+"""The engine: one step is schedule -> run -> postprocess.
+
+    engine = Engine.build(EngineConfig(spec="tiny", model="models/tiny"))
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=8))
+    while engine.has_unfinished():
+        for output in engine.step(): ...
+
+`runtime.async_engine.AsyncEngine` drives the same loop from a thread for the server.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+import generated
+from runtime import capacity
+from runtime.block_pool import BlockPool
+from runtime.model_runner import ModelRunner, StepResult, TokenLogprobs
+from runtime.mtp_slots import SlotTable
+from runtime.request import Request
+from runtime.sampling_params import SamplingParams
+from runtime.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from runtime.tokenizer import Detokenizer, Tokenizer
+from runtime.weights import load_params
+
+
+class ConfigError(ValueError):
+    """A configuration the spec cannot serve; the message names the flag and the spec."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    spec: str = "tiny"
+    model: str | Path = "models/tiny"
+    num_speculative_tokens: int | None = None     # None: the spec's default
+    max_num_batched_tokens: int | None = None     # None: the spec's limit (per rank per step)
+    long_prefill_token_threshold: int | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    enable_chunked_prefill: bool = True
+    kv_cache_memory: int | None = None            # bytes per rank; None: enough for the limits
+    device: str | None = None                     # None: the spec's device
+    backend: str | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_ids: list[int]
+    output_ids: list[int]            # every token so far
+    text: str                        # every released character so far
+    new_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    logprobs: list[TokenLogprobs] = field(default_factory=list)   # of new_ids
+
+
+@dataclass
+class Stats:
+    steps: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    schedule_seconds: float = 0.0
+    requests_finished: int = 0
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, spec, params, tokenizer: Tokenizer | None):
+        self.config, self.spec, self.params, self.tokenizer = config, spec, params, tokenizer
+        self.k, limits = _resolve(config, spec)
+        self.limits = limits
+        running_per_rank = limits.max_running_per_rank
+        budget = config.kv_cache_memory or capacity.bytes_for(
+            spec.pools.GROUPS, running_per_rank, limits.max_model_len * running_per_rank)
+        self.capacity = capacity.plan(spec.pools.GROUPS, budget, running_per_rank)
+        slots = SlotTable(spec.contract.RANKS, spec.contract.MTP_SLOTS_PER_RANK) if self.k else None
+        self.scheduler = Scheduler(limits, BlockPool(self.capacity.blocks, spec.contract.RANKS),
+                                   {g: grp.blocks_for for g, grp in spec.pools.GROUPS.items()},
+                                   slots)
+        device = torch.device(config.device or spec.contract.DEVICE)
+        self.runner = ModelRunner(spec, params, self.capacity.blocks, self.k,
+                                  config.backend or spec.contract.BACKEND, device)
+        self.stats = Stats()
+        self.requests: dict[str, Request] = {}
+        self._detok: dict[str, Detokenizer] = {}
+        self._ids = itertools.count()
+        self._arrival = itertools.count()
+
+    @classmethod
+    def build(cls, config: EngineConfig) -> Engine:
+        spec = generated.load(config.spec)
+        device = config.device or spec.contract.DEVICE
+        params = load_params(config.model, spec, device=device)
+        tokenizer_path = Path(config.model) / "tokenizer.json"
+        tokenizer = Tokenizer(config.model) if tokenizer_path.exists() else None
+        return cls(config, spec, params, tokenizer)
+
+    # -- requests --------------------------------------------------------------------
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams,
+                    request_id: str | None = None) -> Request:
+        """Queue a request; ValueError says why one can never run."""
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self._check_ids(ids)
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        eos = self.spec.architecture.CONFIG["eos_token_id"]
+        if self.tokenizer and self.tokenizer.eos_id is not None:
+            eos = self.tokenizer.eos_id
+        request = Request(request_id, ids, params, next(self._arrival), eos)
+        self.scheduler.add(request)
+        self.requests[request_id] = request
+        if self.tokenizer:
+            self._detok[request_id] = Detokenizer(self.tokenizer, params.stop)
+        return request
+
+    def _check_ids(self, ids: list[int]) -> None:
+        if not ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.spec.architecture.CONFIG["vocab_size"]
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
+
+    def abort(self, request_id: str) -> None:
+        request = self.requests.get(request_id)
+        if request is not None and not request.finished:
+            self.scheduler.finish(request, "abort")
+            self._forget(request)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # -- the step --------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        self.stats.schedule_seconds += time.perf_counter() - t0
+        results = self.runner.execute(out)
+        return self._postprocess(out, results)
+
+    def _postprocess(self, out: SchedulerOutput,
+                     results: dict[Request, StepResult]) -> list[RequestOutput]:
+        self.stats.steps += 1
+        self.stats.prompt_tokens += sum(ch.length for ch in out.prefill)
+        kept = self.scheduler.commit(out, {r: res.tokens for r, res in results.items()})
+        outputs = []
+        for request, tokens in kept.items():
+            self._count(results[request], tokens)
+            outputs.append(self._output(request, tokens, results[request]))
+        return outputs
+
+    def _count(self, result: StepResult, tokens: list[int]) -> None:
+        self.stats.generation_tokens += len(tokens)
+        if result.drafted:
+            self.stats.drafts += 1
+            self.stats.draft_tokens += result.drafted
+            self.stats.accepted_tokens += result.accepted
+
+    def _output(self, request: Request, tokens: list[int], result: StepResult) -> RequestOutput:
+        request.draft_tokens += result.drafted
+        request.accepted_tokens += result.accepted
+        text, delta = "", ""
+        detok = self._detok.get(request.request_id)
+        if detok is not None:
+            delta, stop = detok.add(tokens)
+            if stop is not None and not request.finished:
+                self.scheduler.finish(request, "stop", stop)
+            elif request.finished:
+                delta += detok.flush()
+            text = detok.text
+        if request.finished:
+            self._forget(request)
+        logprobs = (result.logprobs or [])[: len(tokens)]
+        return RequestOutput(request.request_id, request.prompt_ids, list(request.output_ids),
+                             text, tokens, delta, request.finished, request.finish_reason,
+                             request.stop_reason, logprobs)
+
+    def _forget(self, request: Request) -> None:
+        self.stats.requests_finished += 1
+        self.runner.forget(request)
+        self.requests.pop(request.request_id, None)
+        self._detok.pop(request.request_id, None)
+
+    # -- offline use -----------------------------------------------------------------
+
+    def generate(self, prompts: list[str | list[int]],
+                 params: SamplingParams) -> list[RequestOutput]:
+        """Run prompts to completion with continuous batching; outputs in prompt order."""
+        ids = [self.add_request(p, params).request_id for p in prompts]
+        final: dict[str, RequestOutput] = {}
+        while self.has_unfinished():
+            for output in self.step():
+                if output.finished:
+                    final[output.request_id] = output
+        return [final[i] for i in ids]
+
+    @property
+    def dispatches(self) -> Counter[str]:
+        return self.runner.dispatches
+
+
+def _resolve(config: EngineConfig, spec) -> tuple[int, SchedulerConfig]:
+    """The K and limits in force: the spec's, lowered by the command line."""
+    c = spec.contract
+    k = c.DEFAULT_NUM_SPECULATIVE_TOKENS if config.num_speculative_tokens is None \
+        else config.num_speculative_tokens
+    if k not in c.DECODE_LAYOUTS:
+        raise ConfigError(f"--num-speculative-tokens {k}: spec {spec.SPEC_PATH} has decode "
+                          f"layouts for K in {sorted(c.DECODE_LAYOUTS)}")
+    if k > 1:
+        raise ConfigError(f"--num-speculative-tokens {k}: this runtime verifies one draft "
+                          "token per step (K <= 1)")
+    limits = {}
+    for name in ("max_num_batched_tokens", "long_prefill_token_threshold", "max_model_len",
+                 "max_num_seqs"):
+        ceiling, value = getattr(c, name.upper()), getattr(config, name)
+        if value is not None and not 0 < value <= ceiling:
+            raise ConfigError(f"--{name.replace('_', '-')} {value}: must be in [1, {ceiling}] "
+                              f"(the limit of {spec.SPEC_PATH})")
+        limits[name] = value or ceiling
+    extent = c.effective_extent(limits["max_num_batched_tokens"],
+                                limits["long_prefill_token_threshold"], limits["max_model_len"])
+    if not config.enable_chunked_prefill and limits["max_model_len"] > extent:
+        raise ConfigError(f"--no-enable-chunked-prefill needs max_model_len "
+                          f"({limits['max_model_len']}) within one prefill dispatch ({extent}); "
+                          "lower --max-model-len")
+    layout = c.DECODE_LAYOUTS[k]
+    return k, SchedulerConfig(
+        ranks=c.RANKS, prefill_slots=c.SLOTS_PER_RANK, decode_batch=layout.batch,
+        micro_batches=c.DECODE_MICRO_BATCHES, k=k, effective_extent=extent,
+        max_num_batched_tokens=limits["max_num_batched_tokens"],
+        max_num_seqs=limits["max_num_seqs"], max_model_len=limits["max_model_len"],
+        chunked_prefill=config.enable_chunked_prefill)

@@ -1,0 +1,288 @@
+"""The scheduler: admission, per-step planning, preemption. Torch-free, I/O-free.
+
+Every step plans decode first, then prefill, per rank:
+
+    decode   every running request past its prefill, one row each (K+1 tokens); its
+             blocks for all K+1 positions are reserved before dispatch. When a rank runs
+             out, its latest-arrived running request is preempted (recompute) until the
+             row fits or the request itself was the one preempted.
+    prefill  up to `slots_per_rank` chunks per rank: unfinished prefills first, then
+             admissions. A chunk is min(remaining, effective extent, the rank's token
+             budget left) tokens; the runner pads it to the tile.
+    admit    the head of the queue goes to the least-loaded rank that can supply its
+             first chunk's blocks (and an MTP slot); ties rotate. It stays there.
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from runtime.block_pool import BlockPool
+from runtime.mtp_slots import SlotTable
+from runtime.request import Request, Status
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    ranks: int
+    prefill_slots: int            # chunks per rank per prefill launch
+    decode_batch: int             # rows per rank per decode launch
+    micro_batches: int            # decode launches per step, at most
+    k: int                        # speculative tokens per decode row (0 = MTP off)
+    effective_extent: int         # most tokens of one prefill chunk
+    max_num_batched_tokens: int   # per rank per step
+    max_num_seqs: int
+    max_model_len: int
+    chunked_prefill: bool = True
+
+    @property
+    def max_running_per_rank(self) -> int:
+        return self.decode_batch * self.micro_batches
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    request: Request
+    slot: int          # prefill slot of the request's rank in this launch
+    start: int
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+    @property
+    def terminal(self) -> bool:
+        """The chunk completes the request's prefill."""
+        return self.end == _prefill_target(self.request)
+
+
+@dataclass
+class SchedulerOutput:
+    decode: list[list[Request]] = field(default_factory=list)   # launches; row = list index per rank
+    prefill: list[PrefillChunk] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    fresh_blocks: dict[tuple[int, str], list[int]] = field(default_factory=dict)
+    fresh_slots: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.decode and not self.prefill
+
+
+def _prefill_target(request: Request) -> int:
+    """Tokens whose KV a prefill computes: all known ones but a generated tail."""
+    return request.num_tokens - (1 if request.output_ids else 0)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, pool: BlockPool,
+                 block_formulas: Mapping[str, Callable[[int], int]],
+                 slots: SlotTable | None = None):
+        self.config, self.pool, self.slots = config, pool, slots
+        self.formulas = dict(block_formulas)
+        self.waiting: deque[Request] = deque()
+        self.running: list[list[Request]] = [[] for _ in range(config.ranks)]
+        self._next_rank = 0   # round-robin pointer for admission ties
+        self.num_preemptions = 0
+
+    # -- requests in and out ---------------------------------------------------------
+
+    def check(self, request: Request) -> str | None:
+        """Why `request` can never run under this configuration, or None."""
+        c = self.config
+        if request.num_tokens >= c.max_model_len:
+            return (f"prompt of {request.num_tokens} tokens leaves no room to generate under "
+                    f"max_model_len {c.max_model_len}")
+        if not c.chunked_prefill and request.num_tokens > c.effective_extent:
+            return (f"prompt of {request.num_tokens} tokens exceeds one prefill dispatch "
+                    f"({c.effective_extent}) and chunked prefill is disabled")
+        return None
+
+    def add(self, request: Request) -> None:
+        reason = self.check(request)
+        if reason:
+            raise ValueError(reason)
+        self.waiting.append(request)
+
+    def finish(self, request: Request, reason: str, stop_reason: int | str | None = None) -> None:
+        """End a request (finished, aborted or rejected) and free what it holds."""
+        if request.status is Status.RUNNING:
+            self._release(request)
+            self.running[request.rank].remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        request.status, request.finish_reason = Status.FINISHED, reason
+        request.stop_reason = stop_reason
+
+    def has_work(self) -> bool:
+        return bool(self.waiting) or any(self.running)
+
+    @property
+    def num_running(self) -> int:
+        return sum(len(r) for r in self.running)
+
+    # -- one step --------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = [self.config.max_num_batched_tokens] * self.config.ranks
+        rows = [self._schedule_decode(rank, out, budget) for rank in range(self.config.ranks)]
+        out.decode = self._launches(rows)
+        used = [0] * self.config.ranks
+        for rank in range(self.config.ranks):
+            for request in [r for r in self.running[rank] if r.prefilling]:
+                self._schedule_chunk(request, out, budget, used)
+        self._admit(out, budget, used)
+        return out
+
+    def _schedule_decode(self, rank: int, out: SchedulerOutput,
+                         budget: list[int]) -> list[Request]:
+        rows = []
+        tokens = self.config.k + 1
+        for request in sorted(self.running[rank], key=lambda r: r.arrival):
+            if request.status is not Status.RUNNING or request.prefilling:
+                continue
+            need = self._need(request, request.num_tokens + self.config.k)
+            while not self.pool.can_allocate(rank, need):
+                victim = max(self.running[rank], key=lambda r: r.arrival)
+                self._preempt(victim, out)
+                if victim is request:
+                    break
+            if request.status is not Status.RUNNING:
+                continue
+            self._take(request, need, out)
+            rows.append(request)
+            budget[rank] -= tokens
+        return rows
+
+    def _launches(self, rows: list[list[Request]]) -> list[list[Request]]:
+        """Cut each rank's rows into micro-batches; launch i takes batch i of every rank."""
+        batch = self.config.decode_batch
+        count = max((-(-len(r) // batch) for r in rows), default=0)
+        return [[req for r in rows for req in r[i * batch:(i + 1) * batch]] for i in range(count)]
+
+    def _schedule_chunk(self, request: Request, out: SchedulerOutput, budget: list[int],
+                        used: list[int]) -> bool:
+        rank = request.rank
+        length = self._chunk_length(request, budget[rank])
+        if used[rank] >= self.config.prefill_slots or length <= 0:
+            return False
+        need = self._need(request, request.num_computed + length)
+        if not self.pool.can_allocate(rank, need):
+            return False
+        self._take(request, need, out)
+        out.prefill.append(PrefillChunk(request, used[rank], request.num_computed, length))
+        used[rank] += 1
+        budget[rank] -= length
+        return True
+
+    def _chunk_length(self, request: Request, budget: int) -> int:
+        remaining = _prefill_target(request) - request.num_computed
+        length = min(remaining, self.config.effective_extent, budget)
+        if not self.config.chunked_prefill and length < remaining:
+            return 0
+        return length
+
+    def _admit(self, out: SchedulerOutput, budget: list[int], used: list[int]) -> None:
+        while self.waiting and self.num_running < self.config.max_num_seqs:
+            request = self.waiting[0]
+            if request in out.preempted:   # not back on the step that preempted it
+                return
+            rank = self._pick_rank(request, budget, used)
+            if rank is None:
+                return
+            self.waiting.popleft()
+            request.status, request.rank = Status.RUNNING, rank
+            request.blocks = {g: [] for g in self.formulas}
+            self.running[rank].append(request)
+            if self.slots is not None:
+                request.slot, request.slot_generation = self.slots.acquire(rank)
+                out.fresh_slots.append((rank, request.slot))
+            self._schedule_chunk(request, out, budget, used)
+
+    def _pick_rank(self, request: Request, budget: list[int], used: list[int]) -> int | None:
+        """Least-loaded rank that can take the request's first chunk; ties rotate."""
+        ranks = self.config.ranks
+        fits = []
+        for rank in (self._next_rank + i for i in range(ranks)):
+            rank %= ranks
+            if self._can_host(request, rank, budget[rank], used[rank]):
+                fits.append(rank)
+        if not fits:
+            return None
+        rank = min(fits, key=lambda r: len(self.running[r]))   # stable: first in rotation
+        self._next_rank = (rank + 1) % ranks
+        return rank
+
+    def _can_host(self, request: Request, rank: int, budget: int, used: int) -> bool:
+        if len(self.running[rank]) >= self.config.max_running_per_rank:
+            return False
+        if used >= self.config.prefill_slots or (self.slots and not self.slots.can_acquire(rank)):
+            return False
+        length = self._chunk_length(request, budget)
+        return length > 0 and self.pool.can_allocate(rank, self._need(request, length))
+
+    def commit(self, out: SchedulerOutput,
+               results: Mapping[Request, Sequence[int]]) -> dict[Request, list[int]]:
+        """Advance what each launched request has computed, then append its sampled
+        tokens up to the first token-level stop (EOS, stop token, max_tokens,
+        max_model_len). Returns the tokens each request kept."""
+        for chunk in out.prefill:
+            chunk.request.num_computed = chunk.end
+        for launch in out.decode:
+            for request in launch:   # the tail and the accepted drafts are now computed
+                request.num_computed = request.num_tokens - 1 + len(results[request])
+        return {request: self._append(request, tokens) for request, tokens in results.items()}
+
+    def _append(self, request: Request, tokens: Sequence[int]) -> list[int]:
+        kept = []
+        for token in tokens:
+            request.output_ids.append(token)
+            kept.append(token)
+            stop = self._stop(request, token)
+            if stop:
+                self.finish(request, *stop)
+                break
+        return kept
+
+    def _stop(self, request: Request, token: int) -> tuple[str, int | None] | None:
+        params = request.params
+        if token == request.eos_token_id and not params.ignore_eos:
+            return "stop", None
+        if token in params.stop_token_ids:
+            return "stop", token
+        if len(request.output_ids) >= params.max_tokens \
+                or request.num_tokens >= self.config.max_model_len:
+            return "length", None
+        return None
+
+    # -- blocks ----------------------------------------------------------------------
+
+    def _need(self, request: Request, num_tokens: int) -> dict[str, int]:
+        """New blocks per group for the request to hold `num_tokens` positions."""
+        held = request.blocks
+        return {g: max(0, f(num_tokens) - len(held.get(g, ()))) for g, f in self.formulas.items()}
+
+    def _take(self, request: Request, need: dict[str, int], out: SchedulerOutput) -> None:
+        for group, ids in self.pool.allocate(request.rank, need).items():
+            request.blocks[group].extend(ids)
+            out.fresh_blocks.setdefault((request.rank, group), []).extend(ids)
+
+    def _release(self, request: Request) -> None:
+        self.pool.free(request.rank, request.blocks)
+        request.blocks = {}
+        if request.slot is not None:
+            self.slots.release(request.rank, request.slot)
+            request.slot = None
+
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+        """Free everything and queue the request again at the front (recompute)."""
+        self._release(request)
+        self.running[request.rank].remove(request)
+        request.status, request.rank, request.num_computed = Status.WAITING, None, 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+        out.preempted.append(request)
