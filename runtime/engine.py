@@ -83,7 +83,8 @@ class Engine:
         budget = config.kv_cache_memory or capacity.bytes_for(
             spec.pools.GROUPS, running_per_rank, limits.max_model_len * running_per_rank)
         self.capacity = capacity.plan(spec.pools.GROUPS, budget, running_per_rank)
-        slots = SlotTable(spec.contract.RANKS, spec.contract.MTP_SLOTS_PER_RANK) if self.k else None
+        c = spec.contract
+        slots = SlotTable(c.RANKS, c.MTP_SLOTS_PER_RANK) if self.k else None
         self.scheduler = Scheduler(limits, BlockPool(self.capacity.blocks, spec.contract.RANKS),
                                    {g: grp.blocks_for for g, grp in spec.pools.GROUPS.items()},
                                    slots)

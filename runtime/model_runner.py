@@ -174,8 +174,9 @@ class ModelRunner:
                            **self._tables(rows, c.SLOTS_PER_RANK))
         results = {}
         for ch in chunks:
-            if ch.terminal and not ch.request.output_ids:
-                results[ch.request] = self._sample(ch.request, out.logits[ch.request.rank, ch.slot])
+            r = ch.request
+            if ch.terminal and not r.output_ids:   # a fresh prompt's first token
+                results[r] = self._sample(r, out.logits[r.rank, ch.slot])
         if self.k:
             self._prefill_mtp(chunks, out.mtp_hidden, results, rows)
         return results

@@ -60,7 +60,8 @@ class PrefillChunk:
 
 @dataclass
 class SchedulerOutput:
-    decode: list[list[Request]] = field(default_factory=list)   # launches; row = list index per rank
+    # Decode launches; a request's row is its index among its rank's requests in the launch.
+    decode: list[list[Request]] = field(default_factory=list)
     prefill: list[PrefillChunk] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     fresh_blocks: dict[tuple[int, str], list[int]] = field(default_factory=dict)
@@ -92,12 +93,12 @@ class Scheduler:
     def check(self, request: Request) -> str | None:
         """Why `request` can never run under this configuration, or None."""
         c = self.config
-        if request.num_tokens >= c.max_model_len:
-            return (f"prompt of {request.num_tokens} tokens leaves no room to generate under "
-                    f"max_model_len {c.max_model_len}")
         if not c.chunked_prefill and request.num_tokens > c.effective_extent:
             return (f"prompt of {request.num_tokens} tokens exceeds one prefill dispatch "
                     f"({c.effective_extent}) and chunked prefill is disabled")
+        if request.num_tokens >= c.max_model_len:
+            return (f"prompt of {request.num_tokens} tokens leaves no room to generate under "
+                    f"max_model_len {c.max_model_len}")
         return None
 
     def add(self, request: Request) -> None:

@@ -6,6 +6,7 @@ import sys
 
 from codegen import cli as codegen_cli
 from codegen import spec_new
+from runtime import cli as runtime_cli
 from server import placeholder
 
 
@@ -15,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     codegen_cli.add_parser(sub)
     spec_new.add_parser(sub)
+    runtime_cli.add_parser(sub)
     placeholder.add_parser(sub)
     return parser
 

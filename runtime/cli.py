@@ -1,0 +1,167 @@
+"""`v4serve generate`: offline generation with continuous batching; and the engine flags
+(vLLM's names) that `v4serve serve` shares."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import generated
+from runtime.engine import ConfigError, Engine, EngineConfig
+from runtime.sampling_params import SamplingParams
+from runtime.weights import CheckpointError
+
+REPO = Path(generated.__file__).resolve().parent.parent
+
+
+def default_model(spec: str) -> Path:
+    """models/<spec> in the repository: the checkpoint a spec serves by default."""
+    return REPO / "models" / spec.replace("_", "-")
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--spec", default="tiny", help="generated spec to serve (default: tiny)")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="checkpoint directory in the official format "
+                             "(default: models/<spec> in the repository)")
+    parser.add_argument("--num-speculative-tokens", type=int, default=None,
+                        help="MTP draft tokens per step; 0 disables MTP (default: the spec's)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help="token budget per rank per step (default: the spec's)")
+    parser.add_argument("--long-prefill-token-threshold", type=int, default=None,
+                        help="most prompt tokens of one prefill chunk (default: the spec's)")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="most tokens of a request (default: the spec's)")
+    parser.add_argument("--max-num-seqs", type=int, default=None,
+                        help="most running requests (default: the spec's)")
+    parser.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill",
+                        action="store_false",
+                        help="reject prompts longer than one prefill dispatch")
+    parser.add_argument("--kv-cache-memory", type=int, default=None,
+                        help="pool bytes per rank (default: enough for the limits)")
+    parser.add_argument("--device", default=None, help="cpu | cuda | npu (default: the spec's)")
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        spec=args.spec, model=args.model or default_model(args.spec),
+        num_speculative_tokens=args.num_speculative_tokens,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        kv_cache_memory=args.kv_cache_memory, device=args.device)
+
+
+def build_engine(args: argparse.Namespace) -> Engine:
+    """The engine for these flags, or SystemExit with a one-line reason."""
+    try:
+        return Engine.build(engine_config(args))
+    except (ConfigError, CheckpointError, KeyError, ValueError) as exc:
+        raise SystemExit(f"v4serve: {exc}") from None
+
+
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--min-p", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--presence-penalty", type=float, default=0.0)
+    parser.add_argument("--frequency-penalty", type=float, default=0.0)
+    parser.add_argument("--repetition-penalty", type=float, default=1.0)
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--ignore-eos", action="store_true")
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+        top_k=args.top_k, min_p=args.min_p, seed=args.seed,
+        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+        repetition_penalty=args.repetition_penalty, stop=tuple(args.stop),
+        ignore_eos=args.ignore_eos)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "generate", help="generate offline for prompts given on the command line or a file",
+        description="Run prompts through the engine (continuous batching over the spec's "
+                    "ranks, chunked prefill, MTP) and print the completions.")
+    add_engine_args(parser)
+    add_sampling_args(parser)
+    parser.add_argument("--prompt", action="append", default=[], help="prompt text (repeatable)")
+    parser.add_argument("--prompt-ids", action="append", default=[],
+                        help="prompt token ids, comma separated (repeatable)")
+    parser.add_argument("--prompts-file", type=Path,
+                        help="one prompt per line (JSON lists of ids are token prompts)")
+    parser.add_argument("--json", action="store_true",
+                        help="one JSON object per prompt, then a summary object")
+    parser.set_defaults(func=run)
+
+
+def _prompts(args: argparse.Namespace) -> list[str | list[int]]:
+    prompts: list[str | list[int]] = list(args.prompt)
+    prompts += [[int(t) for t in p.split(",") if t.strip()] for p in args.prompt_ids]
+    if args.prompts_file:
+        for line in args.prompts_file.read_text().splitlines():
+            if line.strip():
+                prompts.append(json.loads(line) if line.lstrip().startswith("[") else line)
+    return prompts
+
+
+def run(args: argparse.Namespace) -> int:
+    prompts = _prompts(args)
+    if not prompts:
+        print("generate: give --prompt, --prompt-ids or --prompts-file", file=sys.stderr)
+        return 2
+    try:
+        params = sampling_params(args)
+    except ValueError as exc:
+        print(f"generate: {exc}", file=sys.stderr)
+        return 2
+    engine = build_engine(args)
+    if engine.tokenizer is None and any(isinstance(p, str) for p in prompts):
+        print("generate: the checkpoint has no tokenizer.json; use --prompt-ids", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    try:
+        outputs = engine.generate(prompts, params)
+    except ValueError as exc:
+        print(f"generate: {exc}", file=sys.stderr)
+        return 2
+    summary = _summary(engine, outputs, time.perf_counter() - start)
+    for output in outputs:
+        if args.json:
+            print(json.dumps({"prompt_token_ids": output.prompt_ids,
+                              "output_token_ids": output.output_ids, "text": output.text,
+                              "finish_reason": output.finish_reason}))
+        else:
+            print(output.text if engine.tokenizer else output.output_ids)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        mtp = summary["mtp"]
+        accept = f", MTP acceptance {mtp['acceptance_rate']:.1%}" if mtp["drafts"] else ""
+        print(f"-- {summary['output_tokens']} tokens in {summary['seconds']:.2f} s "
+              f"({summary['output_tokens_per_s']:.1f} tok/s), dispatches "
+              f"{summary['dispatches']}{accept}", file=sys.stderr)
+    return 0
+
+
+def _summary(engine: Engine, outputs, seconds: float) -> dict:
+    s = engine.stats
+    tokens = sum(len(o.output_ids) for o in outputs)
+    return {
+        "requests": len(outputs), "output_tokens": tokens, "seconds": round(seconds, 4),
+        "output_tokens_per_s": round(tokens / seconds, 2) if seconds else None,
+        "steps": s.steps, "dispatches": dict(sorted(engine.dispatches.items())),
+        "preemptions": engine.scheduler.num_preemptions,
+        "mtp": {"drafts": s.drafts, "draft_tokens": s.draft_tokens,
+                "accepted_tokens": s.accepted_tokens,
+                "acceptance_rate": round(s.accepted_tokens / s.draft_tokens, 4)
+                if s.draft_tokens else None},
+    }

@@ -1,0 +1,47 @@
+"""Engines over the reference checkpoint, and greedy runs without the scheduler."""
+from __future__ import annotations
+
+import torch
+
+from runtime.engine import Engine, EngineConfig
+from runtime.model.forward import logits, main_model
+from runtime.model.paging import Segment
+from runtime.sampling_params import SamplingParams
+from runtime.tokenizer import Tokenizer
+from tests.model.support import FIXTURE, TINY, Driver
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+
+def make_engine(params, **overrides) -> Engine:
+    config = EngineConfig(spec="tiny", model=FIXTURE, **overrides)
+    return Engine(config, TINY, params, Tokenizer(FIXTURE))
+
+
+def random_prompt(length: int, seed: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(2, 512, (length,), generator=gen).tolist()
+
+
+def greedy_without_scheduler(params, prompt: list[int], max_tokens: int) -> list[int]:
+    """The whole prompt in one pass, then one token per pass: no scheduler, no kernels."""
+    driver = Driver(params)
+    out, _ = driver.prefill(prompt, 8192)
+    tokens = [int(out[-1].argmax())]
+    while len(tokens) < max_tokens:
+        seg = Segment(0, 0, len(prompt) + len(tokens) - 1, 1, 0)
+        with torch.inference_mode():
+            h = main_model(params, torch.tensor(tokens[-1:]), [seg], driver.view(), 128)
+            tokens.append(int(logits(params, h)[-1].argmax()))
+    return tokens
+
+
+def assert_all_free(engine: Engine) -> None:
+    """Every block of every group on every rank, and every MTP slot, is free again."""
+    pool = engine.scheduler.pool
+    for rank in range(pool.ranks):
+        for group, total in pool.capacity.items():
+            assert pool.free_count(rank, group) == total, (rank, group)
+        if engine.scheduler.slots is not None:
+            assert engine.scheduler.slots.in_use(rank) == 0, rank
+    assert not engine.requests and engine.scheduler.num_running == 0

@@ -1,0 +1,192 @@
+"""The engine end to end on the tiny spec: chunking, one dispatch per chunk, MTP,
+preemption, continuous batching, and that every request gives back what it held."""
+from __future__ import annotations
+
+import pytest
+
+from runtime import capacity
+from runtime.backends import torch_backend
+from runtime.engine import ConfigError
+from runtime.sampling_params import SamplingParams
+from tests.model.support import TINY, reference_params
+from tests.runtime.engine_support import (
+    GREEDY,
+    assert_all_free,
+    greedy_without_scheduler,
+    make_engine,
+    random_prompt,
+)
+
+LENGTHS = [127, 128, 129, 255, 256, 257, 600]
+
+
+@pytest.fixture(scope="module")
+def params():
+    return reference_params()
+
+
+@pytest.fixture(scope="module")
+def solo(params):
+    """Greedy tokens of each prompt length, from the model without the scheduler."""
+    return {n: greedy_without_scheduler(params, random_prompt(n, n), GREEDY.max_tokens)
+            for n in LENGTHS}
+
+
+@pytest.mark.parametrize("extent", [128, 256, 8192])
+def test_chunk_boundaries_do_not_change_greedy_output(params, solo, extent):
+    engine = make_engine(params, long_prefill_token_threshold=extent, num_speculative_tokens=0)
+    outputs = engine.generate([random_prompt(n, n) for n in LENGTHS], GREEDY)
+    assert [o.output_ids for o in outputs] == [solo[n] for n in LENGTHS]
+    assert engine.dispatches["prefill_main"] >= max(-(-n // extent) for n in LENGTHS)
+    assert_all_free(engine)
+
+
+def test_an_8191_token_prompt_is_one_main_prefill_dispatch(params):
+    engine = make_engine(params, num_speculative_tokens=0)
+    [output] = engine.generate([random_prompt(8191, 0)], SamplingParams(temperature=0,
+                                                                        max_tokens=2))
+    assert engine.dispatches["prefill_main"] == 1
+    assert len(output.output_ids) == 2
+
+
+def test_chunk_count_follows_the_lowered_extent(params):
+    engine = make_engine(params, long_prefill_token_threshold=256, num_speculative_tokens=0)
+    engine.generate([random_prompt(1000, 1)], SamplingParams(temperature=0, max_tokens=1))
+    assert engine.dispatches["prefill_main"] == 4   # 256 + 256 + 256 + 232
+
+
+def test_mtp_is_lossless_with_the_checkpoint_drafts(params, solo):
+    prompts = [random_prompt(n, n) for n in LENGTHS]
+    plain = make_engine(params, num_speculative_tokens=0).generate(prompts, GREEDY)
+    engine = make_engine(params, num_speculative_tokens=1)
+    mtp = engine.generate(prompts, GREEDY)
+    assert [o.output_ids for o in mtp] == [o.output_ids for o in plain]
+    assert engine.dispatches["decode_b4s2"] > 0 and engine.stats.draft_tokens > 0
+    assert_all_free(engine)
+
+
+@pytest.fixture
+def oracle_drafts(monkeypatch):
+    """Make the MTP draft the true greedy token at even tail positions (wrong at odd
+    ones), so both acceptance and rejection run through the real kernels. Keyed by
+    position, which the prompts below keep distinct across requests."""
+    table: dict[int, int] = {}
+    real = torch_backend._draft
+
+    def draft(params, kernel, view, rows, tails, tail_pos, hidden, k):
+        drafts = real(params, kernel, view, rows, tails, tail_pos, hidden, k)
+        for i, pos in enumerate(tail_pos):
+            if pos + 1 in table:
+                right = table[pos + 1]
+                drafts[i, 0] = right if pos % 2 == 0 else (right + 1) % 512
+        return drafts
+
+    monkeypatch.setattr(torch_backend, "_draft", draft)
+    return table
+
+
+def test_accepted_drafts_keep_greedy_output_identical(params, oracle_drafts):
+    lengths = [126, 127, 200, 300, 400]    # 126/127: drafts cross the 128-row page boundary
+    prompts = [random_prompt(n, 1000 + n) for n in lengths]
+    params_long = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    plain = make_engine(params, num_speculative_tokens=0).generate(prompts, params_long)
+    for prompt, out in zip(prompts, plain):
+        for i, token in enumerate(out.output_ids):
+            oracle_drafts[len(prompt) + i] = token
+    engine = make_engine(params, num_speculative_tokens=1)
+    mtp = engine.generate(prompts, params_long)
+    assert [o.output_ids for o in mtp] == [o.output_ids for o in plain]
+    stats = engine.stats
+    assert 0.3 < stats.accepted_tokens / stats.draft_tokens < 0.7
+    assert engine.dispatches["decode_b4s2"] < sum(len(o.output_ids) for o in plain) / len(prompts)
+    assert_all_free(engine)
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_preemption_under_pool_pressure_keeps_every_output(params, k):
+    """Prompts of 120 tokens fill a rank's compressed pools at admission; decoding past
+    position 131 needs a second CSA block each, which only preemption can free."""
+    prompts = [random_prompt(120, i) for i in range(64)]
+    many = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    calm = make_engine(params, num_speculative_tokens=k).generate(prompts, many)
+    running = 8 if k else 16                     # the rank's decode capacity for this K
+    tight = capacity.bytes_for(TINY.pools.GROUPS, running, 128 * 8)
+    engine = make_engine(params, num_speculative_tokens=k, kv_cache_memory=tight)
+    pressed = engine.generate(prompts, many)
+    assert engine.scheduler.num_preemptions > 0
+    assert [o.output_ids for o in pressed] == [o.output_ids for o in calm]
+    assert_all_free(engine)
+
+
+def test_64_concurrent_requests_match_their_solo_runs(params):
+    prompts = [random_prompt(5 + (i * 97) % 700, 500 + i) for i in range(64)]
+    engine = make_engine(params)
+    batched = engine.generate(prompts, GREEDY)
+    ranks_used = {r for r in range(8)}
+    assert len(batched) == 64 and all(o.finished for o in batched)
+    for i in (0, 13, 31, 47, 63):
+        solo = make_engine(params).generate([prompts[i]], GREEDY)[0]
+        assert batched[i].output_ids == solo.output_ids
+    assert engine.dispatches["decode_b4s2"] >= 8   # several micro-batches per step at times
+    assert ranks_used
+    assert_all_free(engine)
+
+
+def test_abort_at_any_time_frees_everything(params):
+    engine = make_engine(params)
+    requests = [engine.add_request(random_prompt(300, i), GREEDY) for i in range(10)]
+    engine.abort(requests[0].request_id)          # still waiting
+    engine.step()                                  # admitted and prefilled
+    engine.abort(requests[1].request_id)          # running
+    engine.step()
+    engine.abort(requests[2].request_id)          # decoding
+    while engine.has_unfinished():
+        engine.step()
+    assert [r.finish_reason for r in requests[:3]] == ["abort"] * 3
+    assert_all_free(engine)
+
+
+def test_requests_that_can_never_run_are_rejected(params):
+    engine = make_engine(params, max_model_len=512)
+    with pytest.raises(ValueError, match="leaves no room to generate under max_model_len 512"):
+        engine.add_request(random_prompt(512, 0), GREEDY)
+    with pytest.raises(ValueError, match="token id 600 is outside the vocabulary"):
+        engine.add_request([1, 600], GREEDY)
+    strict = make_engine(params, enable_chunked_prefill=False, max_model_len=256,
+                         long_prefill_token_threshold=256)
+    with pytest.raises(ValueError, match=r"prompt of 300 tokens exceeds one prefill dispatch "
+                                         r"\(256\) and chunked prefill is disabled"):
+        strict.add_request(random_prompt(300, 0), GREEDY)
+    with pytest.raises(ConfigError, match="--no-enable-chunked-prefill needs max_model_len"):
+        make_engine(params, enable_chunked_prefill=False)
+
+
+def test_preempted_requests_come_back_with_a_new_slot_generation(params):
+    """Slot reuse after preemption bumps the generation, and the device slot always
+    carries its current owner's generation, so a stale step is recognisable (the fused
+    decode kernel skips such rows: tests/model/test_reference.py)."""
+    prompts = [random_prompt(120, i) for i in range(64)]
+    tight = capacity.bytes_for(TINY.pools.GROUPS, 8, 128 * 8)
+    engine = make_engine(params, num_speculative_tokens=1, kv_cache_memory=tight)
+    handed: dict[tuple[int, int], list[int]] = {}
+    acquire = engine.scheduler.slots.acquire
+
+    def watched(rank):
+        slot, generation = acquire(rank)
+        handed.setdefault((rank, slot), []).append(generation)
+        return slot, generation
+
+    engine.scheduler.slots.acquire = watched
+    for prompt in prompts:
+        engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+        for rank, running in enumerate(engine.scheduler.running):
+            for request in running:
+                if request.output_ids and not request.prefilling:
+                    device = engine.runner.mtp.slots[rank][request.slot]
+                    assert int(device[3]) == request.slot_generation
+    assert engine.scheduler.num_preemptions > 0
+    assert any(len(gens) > 1 for gens in handed.values())
+    assert all(gens == sorted(set(gens)) for gens in handed.values())
+    assert_all_free(engine)
