@@ -66,3 +66,27 @@ def test_serve_says_it_is_a_placeholder():
     assert result.returncode == 0
     assert "spec specs/tiny.yaml: 8 ranks" in result.stdout
     assert "placeholder" in result.stderr
+
+
+def test_generate_prints_json_per_prompt_and_a_summary():
+    import json
+
+    fixture = REPO / "tests" / "fixtures" / "v4-tiny"
+    golden = json.loads((fixture / "golden.json").read_text())["cases"][0]
+    ids = ",".join(map(str, golden["prompt_ids"]))
+    result = _v4serve("generate", "--model", str(fixture), "--prompt-ids", ids,
+                      "--max-tokens", "16", "--ignore-eos", "--json")
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert lines[0]["output_token_ids"] == golden["greedy_ids"]
+    assert lines[0]["finish_reason"] == "length"
+    summary = lines[1]
+    assert summary["output_tokens"] == 16 and summary["dispatches"]["prefill_main"] == 1
+    assert summary["mtp"]["draft_tokens"] > 0
+
+
+def test_generate_rejects_a_k_without_a_layout():
+    result = _v4serve("generate", "--model", str(REPO / "tests" / "fixtures" / "v4-tiny"),
+                      "--prompt-ids", "5,6", "--num-speculative-tokens", "2")
+    assert result.returncode == 1
+    assert "spec specs/tiny.yaml has decode layouts for K in [0, 1]" in result.stderr
