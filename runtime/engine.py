@@ -126,6 +126,13 @@ class Engine:
             self._detok[request_id] = Detokenizer(self.tokenizer, params.stop)
         return request
 
+    def validate(self, ids: list[int], params: SamplingParams) -> None:
+        """ValueError if a request of these ids could never run here."""
+        self._check_ids(ids)
+        reason = self.scheduler.check(Request("check", ids, params, -1))
+        if reason:
+            raise ValueError(reason)
+
     def _check_ids(self, ids: list[int]) -> None:
         if not ids:
             raise ValueError("the prompt is empty")

@@ -7,7 +7,7 @@ import sys
 from codegen import cli as codegen_cli
 from codegen import spec_new
 from runtime import cli as runtime_cli
-from server import placeholder
+from server import cli as server_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,7 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     codegen_cli.add_parser(sub)
     spec_new.add_parser(sub)
     runtime_cli.add_parser(sub)
-    placeholder.add_parser(sub)
+    server_cli.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,444 @@
+"""The OpenAI-compatible HTTP API (Starlette) over the AsyncEngine."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from types import ModuleType
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from runtime.async_engine import AsyncEngine, EngineDeadError
+from runtime.engine import RequestOutput
+from runtime.sampling_params import SamplingParams
+from server import chat
+from server.metrics import Metrics
+from server.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    bad_request,
+    parse,
+)
+from server.responses import ChoiceState, chat_chunk, chat_response, completion_chunk, \
+    completion_response, usage
+
+VERSION = "0.1.0"
+
+
+@dataclass
+class ServerState:
+    engine: AsyncEngine
+    spec: ModuleType
+    model_name: str
+    api_key: str | None = None
+    max_body_bytes: int = 8 << 20
+    draining: bool = False
+    in_flight: int = 0
+    ready: bool = False
+    metrics: Metrics = field(init=False)
+    ids: itertools.count = field(default_factory=itertools.count)
+
+    def __post_init__(self) -> None:
+        self.metrics = Metrics(self.engine, self.model_name)
+
+    @property
+    def tokenizer(self):
+        return self.engine.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.engine.limits.max_model_len
+
+
+def build_app(state: ServerState) -> Starlette:
+    routes = [
+        Route("/v1/completions", _guard(state, completions), methods=["POST"]),
+        Route("/v1/chat/completions", _guard(state, chat_completions), methods=["POST"]),
+        Route("/v1/models", _guard(state, models), methods=["GET"]),
+        Route("/tokenize", _guard(state, tokenize), methods=["POST"]),
+        Route("/detokenize", _guard(state, detokenize), methods=["POST"]),
+        Route("/health", lambda r: health(state), methods=["GET"]),
+        Route("/version", lambda r: JSONResponse({"version": VERSION}), methods=["GET"]),
+        Route("/server_info", lambda r: JSONResponse(server_info(state)), methods=["GET"]),
+        Route("/metrics", lambda r: Response(state.metrics.render(),
+                                             media_type="text/plain; version=0.0.4"),
+              methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={404: _not_found, 405: _not_allowed})
+    app.state.server = state
+    return app
+
+
+async def _not_found(request: Request, exc: Exception) -> JSONResponse:
+    return _error(APIError(404, f"no route {request.url.path}", "NotFoundError"))
+
+
+async def _not_allowed(request: Request, exc: Exception) -> JSONResponse:
+    return _error(APIError(405, f"{request.method} is not allowed on {request.url.path}",
+                           "MethodNotAllowed"))
+
+
+def _error(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status)
+
+
+def _guard(state: ServerState, handler):
+    """Auth, draining, in-flight accounting and error shaping around an API handler."""
+
+    async def endpoint(request: Request) -> Response:
+        if state.api_key and request.headers.get("authorization") != f"Bearer {state.api_key}":
+            return _error(APIError(401, "missing or wrong API key", "AuthenticationError"))
+        if state.draining or not state.ready:
+            return _error(APIError(503, "the server is not accepting requests",
+                                   "ServiceUnavailableError"))
+        state.in_flight += 1
+        streaming = False
+        try:
+            response = await handler(state, request)
+            streaming = isinstance(response, StreamingResponse)
+            if streaming:
+                response.body_iterator = _count_down(state, response.body_iterator)
+            return response
+        except APIError as err:
+            return _error(err)
+        except EngineDeadError as exc:
+            return _error(APIError(503, str(exc), "ServiceUnavailableError"))
+        finally:
+            if not streaming:
+                state.in_flight -= 1
+
+    return endpoint
+
+
+async def _count_down(state: ServerState, body: AsyncIterator) -> AsyncIterator:
+    try:
+        async for chunk in body:
+            yield chunk
+    finally:
+        state.in_flight -= 1
+
+
+async def _json(state: ServerState, request: Request) -> object:
+    kind = request.headers.get("content-type", "").split(";")[0].strip()
+    if kind != "application/json":
+        raise bad_request(f"content-type must be application/json, got {kind or 'none'!r}")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > state.max_body_bytes:
+            raise bad_request(f"the request body exceeds {state.max_body_bytes} bytes")
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"the body is not valid JSON: {exc}") from None
+
+
+def _check_model(state: ServerState, name: str | None) -> None:
+    if name is not None and name != state.model_name:
+        raise APIError(404, f"the model {name!r} does not exist; this server serves "
+                            f"{state.model_name!r}", "NotFoundError", "model")
+
+
+def _prompt_ids(state: ServerState, prompt: str | list[int]) -> list[int]:
+    if isinstance(prompt, str):
+        if state.tokenizer is None:
+            raise bad_request("this checkpoint has no tokenizer; send token ids", "prompt")
+        return state.tokenizer.encode(prompt)
+    vocab = state.spec.architecture.CONFIG["vocab_size"]
+    bad = [t for t in prompt if not 0 <= t < vocab]
+    if bad:
+        raise bad_request(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", "prompt")
+    return prompt
+
+
+def _max_tokens(state: ServerState, requested: int | None, prompt_len: int, param: str) -> int:
+    room = state.max_model_len - prompt_len
+    if room <= 0:
+        raise bad_request(f"This model's maximum context length is {state.max_model_len} "
+                          f"tokens. However, your prompt has {prompt_len} tokens.", "prompt")
+    if requested is None:
+        return room
+    if requested < 1:
+        raise bad_request(f"{param} must be at least 1, got {requested}", param)
+    if requested > room:
+        raise bad_request(f"This model's maximum context length is {state.max_model_len} "
+                          f"tokens. However, you requested {prompt_len + requested} tokens "
+                          f"({prompt_len} in the prompt, {requested} for the completion).",
+                          param)
+    return requested
+
+
+def _validate(state: ServerState, ids: list[int], params: SamplingParams) -> None:
+    try:
+        state.engine.engine.validate(ids, params)
+    except ValueError as exc:
+        raise bad_request(str(exc), "prompt") from None
+
+
+# -- generation ------------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    """One choice: prompt ids and sampling params, streamed by the engine."""
+
+    index: int
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+async def _run(state: ServerState, base_id: str,
+               jobs: list[Job]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Outputs of every job as they come; stopping early aborts what is unfinished."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(job: Job) -> None:
+        start = last = time.perf_counter()
+        try:
+            async for out in state.engine.generate(job.prompt_ids, job.params,
+                                                   f"{base_id}-{job.index}"):
+                now = time.perf_counter()
+                if out.new_ids:
+                    if last == start:
+                        state.metrics.observe_first(now - start)
+                    else:
+                        state.metrics.observe_gap((now - last) / len(out.new_ids))
+                    last = now
+                await queue.put((job.index, out))
+            state.metrics.observe_end(time.perf_counter() - start)
+            await queue.put((job.index, None))
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer
+            await queue.put((job.index, exc))
+
+    tasks = [asyncio.create_task(pump(job)) for job in jobs]
+    try:
+        remaining = len(jobs)
+        while remaining:
+            index, item = await queue.get()
+            if isinstance(item, Exception):
+                raise item
+            if item is None:
+                remaining -= 1
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _collect(state: ServerState, request: Request, base_id: str,
+                   jobs: list[Job]) -> dict[int, list[RequestOutput]]:
+    """Run to the end, aborting everything if the client goes away first."""
+    outputs: dict[int, list[RequestOutput]] = {job.index: [] for job in jobs}
+
+    async def consume() -> None:
+        async for index, out in _run(state, base_id, jobs):
+            outputs[index].append(out)
+
+    task = asyncio.create_task(consume())
+    while not task.done():
+        done, _ = await asyncio.wait({task}, timeout=0.2)
+        if not done and await request.is_disconnected():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise APIError(499, "the client disconnected", "ClientClosedRequest")
+    task.result()
+    return outputs
+
+
+def _jobs(prompts: list[list[int]], params: SamplingParams, n: int) -> list[Job]:
+    jobs = []
+    for p, ids in enumerate(prompts):
+        for j in range(n):
+            seed = None if params.seed is None else params.seed + j
+            choice = params if j == 0 or seed is None else _with_seed(params, seed)
+            jobs.append(Job(p * n + j, ids, choice))
+    return jobs
+
+
+def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
+    from dataclasses import replace
+
+    return replace(params, seed=seed)
+
+
+def _sse(payload: dict | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload)
+    return f"data: {data}\n\n".encode()
+
+
+# -- endpoints -------------------------------------------------------------------------
+
+
+async def completions(state: ServerState, request: Request) -> Response:
+    req = parse(CompletionRequest, await _json(state, request))
+    req.check_common()
+    _check_model(state, req.model)
+    if req.echo and req.logprobs is not None:
+        raise bad_request("echo with logprobs needs prompt log-probs, which this server "
+                          "does not compute", "echo")
+    prompts = [_prompt_ids(state, p) for p in req.prompts()]
+    longest = max(len(p) for p in prompts)
+    max_tokens = _max_tokens(state, req.max_tokens, longest, "max_tokens")
+    params = req.sampling(max_tokens, req.logprobs)
+    for ids in prompts:
+        _validate(state, ids, params)
+    base = f"cmpl-{next(state.ids)}-{int(time.time() * 1000)}"
+    jobs = _jobs(prompts, params, req.n)
+    echo = [state.tokenizer.decode(p) if req.echo and state.tokenizer else "" for p in prompts]
+    meta = {"id": base, "created": int(time.time()), "model": state.model_name}
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(
+            _stream_completion(state, base, jobs, req.n, echo, meta, include_usage,
+                               state.tokenizer),
+            media_type="text/event-stream")
+    outputs = await _collect(state, request, base, jobs)
+    states = [ChoiceState(job.index, len(job.prompt_ids)) for job in jobs]
+    for st in states:
+        for out in outputs[st.index]:
+            st.add(out)
+    return JSONResponse(completion_response(meta, states, echo, req.n, state.tokenizer,
+                                            prompts))
+
+
+async def _stream_completion(state, base, jobs, n, echo, meta, include_usage, tokenizer):
+    states = {job.index: ChoiceState(job.index, len(job.prompt_ids)) for job in jobs}
+    try:
+        for job in jobs:
+            if echo[job.index // n]:
+                yield _sse(completion_chunk(meta, job.index, echo[job.index // n], None, None,
+                                            None))
+        async for index, out in _run(state, base, jobs):
+            st = states[index]
+            st.add(out)
+            if out.new_text or out.finished or out.new_ids:
+                yield _sse(completion_chunk(meta, index, out.new_text,
+                                            st.logprobs_delta(out, tokenizer),
+                                            out.finish_reason, out.stop_reason))
+        if include_usage:
+            yield _sse({**meta, "object": "text_completion", "choices": [],
+                        "usage": usage(list(states.values()), n)})
+    except EngineDeadError as exc:
+        yield _sse(APIError(503, str(exc), "ServiceUnavailableError").body())
+    yield _sse("[DONE]")
+
+
+async def chat_completions(state: ServerState, request: Request) -> Response:
+    req = parse(ChatCompletionRequest, await _json(state, request))
+    req.check()
+    req.check_common()
+    _check_model(state, req.model)
+    if state.tokenizer is None:
+        raise bad_request("this checkpoint has no tokenizer, so chat is unavailable")
+    ids = chat.render(state.tokenizer, req.messages)
+    requested = req.max_completion_tokens if req.max_completion_tokens is not None \
+        else req.max_tokens
+    param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    max_tokens = _max_tokens(state, requested, len(ids), param)
+    top = (req.top_logprobs or 0) if req.logprobs else None
+    params = req.sampling(max_tokens, top)
+    _validate(state, ids, params)
+    base = f"chatcmpl-{next(state.ids)}-{int(time.time() * 1000)}"
+    jobs = _jobs([ids], params, req.n)
+    meta = {"id": base, "created": int(time.time()), "model": state.model_name}
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(_stream_chat(state, base, jobs, meta, include_usage, req.n),
+                                 media_type="text/event-stream")
+    outputs = await _collect(state, request, base, jobs)
+    states = [ChoiceState(job.index, len(ids)) for job in jobs]
+    for st in states:
+        for out in outputs[st.index]:
+            st.add(out)
+    return JSONResponse(chat_response(meta, states, req.n, state.tokenizer))
+
+
+async def _stream_chat(state, base, jobs, meta, include_usage, n):
+    states = {job.index: ChoiceState(job.index, len(job.prompt_ids)) for job in jobs}
+    try:
+        for job in jobs:
+            yield _sse(chat_chunk(meta, job.index, {"role": "assistant", "content": ""},
+                                  None, None, None))
+        async for index, out in _run(state, base, jobs):
+            st = states[index]
+            st.add(out)
+            if out.new_text or out.finished or out.new_ids:
+                yield _sse(chat_chunk(meta, index, {"content": out.new_text},
+                                      st.chat_logprobs_delta(out, state.tokenizer),
+                                      out.finish_reason, out.stop_reason))
+        if include_usage:
+            yield _sse({**meta, "object": "chat.completion.chunk", "choices": [],
+                        "usage": usage(list(states.values()), n)})
+    except EngineDeadError as exc:
+        yield _sse(APIError(503, str(exc), "ServiceUnavailableError").body())
+    yield _sse("[DONE]")
+
+
+async def models(state: ServerState, request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [{
+        "id": state.model_name, "object": "model", "created": 0, "owned_by": "v4serve",
+        "root": state.model_name, "parent": None, "max_model_len": state.max_model_len}]})
+
+
+async def tokenize(state: ServerState, request: Request) -> Response:
+    req = parse(TokenizeRequest, await _json(state, request))
+    _check_model(state, req.model)
+    if state.tokenizer is None:
+        raise bad_request("this checkpoint has no tokenizer")
+    if req.messages is not None:
+        ids = chat.render(state.tokenizer, req.messages)
+    elif req.prompt is not None:
+        ids = state.tokenizer.encode(req.prompt)
+    else:
+        raise bad_request("give prompt or messages", "prompt")
+    return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len})
+
+
+async def detokenize(state: ServerState, request: Request) -> Response:
+    req = parse(DetokenizeRequest, await _json(state, request))
+    _check_model(state, req.model)
+    if state.tokenizer is None:
+        raise bad_request("this checkpoint has no tokenizer")
+    _prompt_ids(state, req.tokens)
+    return JSONResponse({"prompt": state.tokenizer.decode(req.tokens)})
+
+
+def health(state: ServerState) -> Response:
+    if state.ready and state.engine.healthy and not state.draining:
+        return Response(status_code=200)
+    return Response(status_code=503)
+
+
+def server_info(state: ServerState) -> dict:
+    engine, c = state.engine.engine, state.spec.contract
+    cap = engine.capacity
+    return {
+        "spec": state.spec.SPEC_NAME, "spec_path": state.spec.SPEC_PATH,
+        "model": state.model_name,
+        "topology": {"ranks": c.RANKS, "dp": c.DP, "ep": c.EP, "tp": c.TP, "device": c.DEVICE,
+                     "dtype": c.DTYPE, "backend": c.BACKEND},
+        "contract": {"tile": c.TILE, "max_extent": c.MAX_EXTENT,
+                     "slots_per_rank": c.SLOTS_PER_RANK, "mtp_window": c.MTP_WINDOW,
+                     "block_size": c.BLOCK_SIZE,
+                     "effective_extent": engine.limits.effective_extent},
+        "decode_layouts": {str(k): {"batch": lay.batch, "seq": lay.seq, "kernel": lay.kernel}
+                           for k, lay in c.DECODE_LAYOUTS.items()},
+        "pool_capacity": {"tokens_per_rank": cap.tokens, "bytes_per_rank": cap.bytes,
+                          "blocks_per_rank": cap.blocks},
+        "limits": {"max_num_batched_tokens": engine.limits.max_num_batched_tokens,
+                   "max_model_len": engine.limits.max_model_len,
+                   "max_num_seqs": engine.limits.max_num_seqs,
+                   "chunked_prefill": engine.limits.chunked_prefill},
+        "mtp": {"enabled": engine.k > 0, "num_speculative_tokens": engine.k},
+    }

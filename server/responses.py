@@ -1,0 +1,105 @@
+"""OpenAI response bodies: completions and chat, whole and streamed."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from runtime.engine import RequestOutput
+from runtime.tokenizer import Tokenizer
+
+
+@dataclass
+class ChoiceState:
+    """What one choice has produced so far."""
+
+    index: int
+    prompt_tokens: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def add(self, out: RequestOutput) -> None:
+        self.text += out.new_text
+        self.token_ids += out.new_ids
+        self.logprobs += out.logprobs
+        if out.finished:
+            self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
+
+    def logprobs_delta(self, out: RequestOutput, tokenizer: Tokenizer | None):
+        return _completion_logprobs(out.logprobs, tokenizer, 0) if out.logprobs else None
+
+    def chat_logprobs_delta(self, out: RequestOutput, tokenizer: Tokenizer | None):
+        return _chat_logprobs(out.logprobs, tokenizer) if out.logprobs else None
+
+
+def _token(tokenizer: Tokenizer | None, token_id: int) -> str:
+    return tokenizer.decode([token_id], skip_special_tokens=False) if tokenizer \
+        else f"token_id:{token_id}"
+
+
+def _completion_logprobs(items, tokenizer, offset: int) -> dict:
+    tokens = [_token(tokenizer, item.token) for item in items]
+    offsets, at = [], offset
+    for text in tokens:
+        offsets.append(at)
+        at += len(text)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [item.logprob for item in items],
+        "top_logprobs": [{_token(tokenizer, t): lp for t, lp in item.top} for item in items],
+        "text_offset": offsets,
+    }
+
+
+def _chat_logprobs(items, tokenizer) -> dict:
+    def entry(token_id: int, logprob: float) -> dict:
+        text = _token(tokenizer, token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return {"content": [{**entry(item.token, item.logprob),
+                         "top_logprobs": [entry(t, lp) for t, lp in item.top]}
+                        for item in items]}
+
+
+def usage(states: list[ChoiceState], n: int) -> dict:
+    """Prompt tokens count once per prompt; completion tokens over every choice."""
+    prompt = sum(s.prompt_tokens for s in states if s.index % n == 0)
+    completion = sum(len(s.token_ids) for s in states)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def completion_response(meta: dict, states: list[ChoiceState], echo: list[str], n: int,
+                        tokenizer: Tokenizer | None, prompts: list[list[int]]) -> dict:
+    choices = []
+    for s in states:
+        prefix = echo[s.index // n]
+        logprobs = _completion_logprobs(s.logprobs, tokenizer, len(prefix)) \
+            if s.logprobs else None
+        choices.append({"index": s.index, "text": prefix + s.text, "logprobs": logprobs,
+                        "finish_reason": s.finish_reason, "stop_reason": s.stop_reason})
+    return {**meta, "object": "text_completion", "choices": choices, "usage": usage(states, n)}
+
+
+def completion_chunk(meta: dict, index: int, text: str, logprobs, finish_reason,
+                     stop_reason) -> dict:
+    return {**meta, "object": "text_completion", "choices": [{
+        "index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
+        "stop_reason": stop_reason}]}
+
+
+def chat_response(meta: dict, states: list[ChoiceState], n: int,
+                  tokenizer: Tokenizer | None) -> dict:
+    choices = [{"index": s.index, "message": {"role": "assistant", "content": s.text},
+                "logprobs": _chat_logprobs(s.logprobs, tokenizer) if s.logprobs else None,
+                "finish_reason": s.finish_reason, "stop_reason": s.stop_reason}
+               for s in states]
+    return {**meta, "object": "chat.completion", "choices": choices, "usage": usage(states, n)}
+
+
+def chat_chunk(meta: dict, index: int, delta: dict, logprobs, finish_reason,
+               stop_reason) -> dict:
+    return {**meta, "object": "chat.completion.chunk", "choices": [{
+        "index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason,
+        "stop_reason": stop_reason}]}

@@ -1,0 +1,126 @@
+"""The official openai client against a live server: completions, chat, streaming."""
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.model.support import reference_params
+from tests.runtime.engine_support import make_engine
+from tests.server.support import LiveServer
+
+
+@pytest.fixture(scope="module")
+def params():
+    return reference_params()
+
+
+@pytest.fixture(scope="module")
+def live(params):
+    with LiveServer(params) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(live):
+    return openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0)
+
+
+PROMPT = "t5 t6 t7 t8"
+
+
+def _greedy_text(params, prompt: str, max_tokens: int) -> str:
+    from runtime.sampling_params import SamplingParams
+
+    engine = make_engine(params)
+    [out] = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=max_tokens))
+    return out.text
+
+
+def test_completion_is_the_engines_greedy_text(client, params):
+    resp = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0)
+    assert resp.choices[0].text == _greedy_text(params, PROMPT, 8)
+    assert resp.choices[0].finish_reason == "length"
+    assert resp.usage.prompt_tokens == 4 and resp.usage.completion_tokens == 8
+    assert resp.usage.total_tokens == 12
+
+
+def test_streamed_text_joins_to_the_non_streamed_text(client):
+    whole = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0)
+    chunks = list(client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12,
+                                            temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
+    assert reasons == ["length"]
+    assert all(c.usage is None for c in chunks)
+
+
+def test_include_usage_adds_one_final_usage_chunk(client):
+    chunks = list(client.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=5, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_n_choices(client):
+    resp = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=4, n=3,
+                                     temperature=0.8, seed=1)
+    assert sorted(c.index for c in resp.choices) == [0, 1, 2]
+    assert resp.usage.prompt_tokens == 4 and resp.usage.completion_tokens == 12
+
+
+def test_stop_string_and_stop_reason(client, params):
+    text = _greedy_text(params, PROMPT, 8)
+    stop = text.split()[3]
+    resp = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0,
+                                     stop=[stop])
+    choice = resp.choices[0]
+    assert choice.finish_reason == "stop" and choice.model_extra["stop_reason"] == stop
+    assert choice.text == text[: text.index(stop)]
+
+
+def test_logprobs(client):
+    resp = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, temperature=0,
+                                     logprobs=5)
+    lp = resp.choices[0].logprobs
+    assert len(lp.tokens) == 3 and len(lp.token_logprobs) == 3
+    assert all(len(top) == 5 for top in lp.top_logprobs)
+    assert all(max(top.values()) == pytest.approx(tl)
+               for top, tl in zip(lp.top_logprobs, lp.token_logprobs))
+
+
+def test_echo_list_prompts_and_token_prompts(client, params):
+    echoed = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3,
+                                       temperature=0, echo=True)
+    assert echoed.choices[0].text == PROMPT + _greedy_text(params, PROMPT, 3)
+    listed = client.completions.create(model="tiny", prompt=[PROMPT, "t9 t10"], max_tokens=3,
+                                       temperature=0)
+    assert [c.index for c in listed.choices] == [0, 1]
+    assert listed.choices[0].text == _greedy_text(params, PROMPT, 3)
+    ids = client.completions.create(model="tiny", prompt=[5, 6, 7, 8], max_tokens=3,
+                                    temperature=0)
+    assert ids.choices[0].text == listed.choices[0].text
+    many = client.completions.create(model="tiny", prompt=[[5, 6, 7, 8], [9, 10]],
+                                     max_tokens=3, temperature=0)
+    assert [c.text for c in many.choices] == [c.text for c in listed.choices]
+
+
+def test_chat_whole_and_streamed(client):
+    messages = [{"role": "user", "content": "t5 t6"}]
+    whole = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6,
+                                           temperature=0)
+    assert whole.choices[0].message.role == "assistant"
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=6,
+                                                 temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    joined = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert joined == whole.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks].count("length") == 1
+    capped = client.chat.completions.create(model="tiny", messages=messages,
+                                            max_completion_tokens=2, temperature=0)
+    assert capped.usage.completion_tokens == 2
+
+
+def test_models_lists_the_served_model(client, live):
+    [model] = client.models.list().data
+    assert model.id == "tiny" and model.model_extra["max_model_len"] == 16384
