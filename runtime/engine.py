@@ -80,9 +80,15 @@ class Engine:
         self.k, limits = _resolve(config, spec)
         self.limits = limits
         running_per_rank = limits.max_running_per_rank
+        groups = spec.pools.GROUPS
         budget = config.kv_cache_memory or capacity.bytes_for(
-            spec.pools.GROUPS, running_per_rank, limits.max_model_len * running_per_rank)
-        self.capacity = capacity.plan(spec.pools.GROUPS, budget, running_per_rank)
+            groups, running_per_rank,
+            capacity.tokens_for(groups, running_per_rank, limits.max_model_len))
+        self.capacity = capacity.plan(groups, budget, running_per_rank)
+        if self.capacity.tokens < limits.max_model_len:
+            raise ConfigError(f"the pools hold {self.capacity.tokens} tokens per rank, less "
+                              f"than one request of max_model_len {limits.max_model_len}; "
+                              "raise --kv-cache-memory or lower --max-model-len")
         c = spec.contract
         slots = SlotTable(c.RANKS, c.MTP_SLOTS_PER_RANK) if self.k else None
         self.scheduler = Scheduler(limits, BlockPool(self.capacity.blocks, spec.contract.RANKS),

@@ -99,6 +99,11 @@ class Scheduler:
         if request.num_tokens >= c.max_model_len:
             return (f"prompt of {request.num_tokens} tokens leaves no room to generate under "
                     f"max_model_len {c.max_model_len}")
+        first = request.num_tokens + 1 + c.k        # the prompt and its first decode step
+        for group, formula in self.formulas.items():
+            if formula(first) > self.pool.capacity[group]:
+                return (f"a prompt of {request.num_tokens} tokens needs {formula(first)} "
+                        f"{group} blocks, more than a rank holds ({self.pool.capacity[group]})")
         return None
 
     def add(self, request: Request) -> None:
@@ -108,7 +113,10 @@ class Scheduler:
         self.waiting.append(request)
 
     def finish(self, request: Request, reason: str, stop_reason: int | str | None = None) -> None:
-        """End a request (finished, aborted or rejected) and free what it holds."""
+        """End a request (finished, aborted or rejected) and free what it holds; a request
+        that already ended keeps its first reason."""
+        if request.finished:
+            return
         if request.status is Status.RUNNING:
             self._release(request)
             self.running[request.rank].remove(request)
@@ -133,8 +141,11 @@ class Scheduler:
         out.decode = self._launches(rows)
         used = [0] * self.config.ranks
         for rank in range(self.config.ranks):
-            for request in [r for r in self.running[rank] if r.prefilling]:
-                self._schedule_chunk(request, out, budget, used)
+            prefilling = sorted((r for r in self.running[rank] if r.prefilling),
+                                key=lambda r: r.arrival)
+            for request in prefilling:
+                if request.status is Status.RUNNING:
+                    self._schedule_chunk(request, out, budget, used, preempt=True)
         self._admit(out, budget, used)
         return out
 
@@ -158,6 +169,14 @@ class Scheduler:
             budget[rank] -= tokens
         return rows
 
+    def _prefill_victim(self, request: Request, out: SchedulerOutput) -> Request | None:
+        """The latest arrival on the request's rank after it, not yet in this step."""
+        scheduled = {id(r) for launch in out.decode for r in launch}
+        scheduled |= {id(ch.request) for ch in out.prefill}
+        later = [r for r in self.running[request.rank]
+                 if r.arrival > request.arrival and id(r) not in scheduled]
+        return max(later, key=lambda r: r.arrival, default=None)
+
     def _launches(self, rows: list[list[Request]]) -> list[list[Request]]:
         """Cut each rank's rows into micro-batches; launch i takes batch i of every rank."""
         batch = self.config.decode_batch
@@ -165,14 +184,19 @@ class Scheduler:
         return [[req for r in rows for req in r[i * batch:(i + 1) * batch]] for i in range(count)]
 
     def _schedule_chunk(self, request: Request, out: SchedulerOutput, budget: list[int],
-                        used: list[int]) -> bool:
+                        used: list[int], preempt: bool = False) -> bool:
+        """Schedule the request's next chunk. With `preempt`, make room by preempting
+        later arrivals on its rank that this step has not scheduled."""
         rank = request.rank
         length = self._chunk_length(request, budget[rank])
         if used[rank] >= self.config.prefill_slots or length <= 0:
             return False
         need = self._need(request, request.num_computed + length)
-        if not self.pool.can_allocate(rank, need):
-            return False
+        while not self.pool.can_allocate(rank, need):
+            victim = self._prefill_victim(request, out) if preempt else None
+            if victim is None:
+                return False
+            self._preempt(victim, out)
         self._take(request, need, out)
         out.prefill.append(PrefillChunk(request, used[rank], request.num_computed, length))
         used[rank] += 1

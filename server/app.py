@@ -28,8 +28,14 @@ from server.protocol import (
     bad_request,
     parse,
 )
-from server.responses import ChoiceState, chat_chunk, chat_response, completion_chunk, \
-    completion_response, usage
+from server.responses import (
+    ChoiceState,
+    chat_chunk,
+    chat_response,
+    completion_chunk,
+    completion_response,
+    usage,
+)
 
 VERSION = "0.1.0"
 

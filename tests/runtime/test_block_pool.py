@@ -153,10 +153,10 @@ def test_plan_sizes_rings_for_max_running_and_shares_the_rest():
 
 def test_plan_gives_full_groups_equal_token_capacity():
     cap = capacity.plan(GROUPS, budget_bytes=60 + 250 + 1, max_running=3)
-    assert cap.tokens == 100
-    assert cap.blocks["a"] * 4 == cap.tokens     # 25 pages of 4 tokens
-    assert cap.blocks["b"] == 100 // 8           # 12 pages of 8 tokens, floor
-    assert cap.bytes == 60 + 25 * 8 + 12 * 4
+    assert cap.tokens == 96                      # 97 would need 25 + 13 pages: 252 > 251
+    assert cap.blocks["a"] * 4 == cap.tokens     # 24 pages of 4 tokens
+    assert cap.blocks["b"] == 96 // 8            # 12 pages of 8 tokens
+    assert cap.bytes == 60 + 24 * 8 + 12 * 4
 
 
 def test_plan_with_only_ring_groups():
@@ -174,9 +174,9 @@ def test_plan_refuses_a_budget_below_the_ring_pages(budget):
 
 
 def test_plan_refuses_a_budget_with_no_token_left_for_full_groups():
-    with pytest.raises(ValueError, match="lower max_num_seqs"):
-        capacity.plan(GROUPS, 60 + 2, max_running=3)     # 2 bytes < 2.5 per token
-    assert capacity.plan(GROUPS, 60 + 3, max_running=3).tokens == 1
+    with pytest.raises(ValueError, match="leaves no room for one page of history"):
+        capacity.plan(GROUPS, 60 + 11, max_running=3)    # one page each costs 8 + 4
+    assert capacity.plan(GROUPS, 60 + 12, max_running=3).tokens == 4
 
 
 def test_bytes_for_counts_rings_and_whole_pages():
@@ -203,8 +203,6 @@ def test_plan_of_bytes_for_holds_the_tokens_in_every_full_group(tokens):
     assert cap.blocks["a"] * 4 >= tokens and cap.blocks["b"] * 4 >= tokens
 
 
-@pytest.mark.xfail(strict=True, reason="plan() floors a float token count and then floors "
-                   "per group, so bytes_for(tokens) can plan fewer than `tokens` of room")
 @pytest.mark.parametrize("groups, tokens", [
     # 70 bytes / (3 + 5/3) bytes per token = 14.999... -> 14 tokens, 14 pages of x.
     ({"x": Group(None, 1, 1, 3), "y": Group(None, 3, 1, 5)}, 15),

@@ -111,7 +111,8 @@ def test_preemption_under_pool_pressure_keeps_every_output(params, k):
     calm = make_engine(params, num_speculative_tokens=k).generate(prompts, many)
     running = 8 if k else 16                     # the rank's decode capacity for this K
     tight = capacity.bytes_for(TINY.pools.GROUPS, running, 128 * 8)
-    engine = make_engine(params, num_speculative_tokens=k, kv_cache_memory=tight)
+    engine = make_engine(params, num_speculative_tokens=k, kv_cache_memory=tight,
+                         max_model_len=1024)
     pressed = engine.generate(prompts, many)
     assert engine.scheduler.num_preemptions > 0
     assert [o.output_ids for o in pressed] == [o.output_ids for o in calm]
@@ -167,7 +168,8 @@ def test_preempted_requests_come_back_with_a_new_slot_generation(params):
     decode kernel skips such rows: tests/model/test_reference.py)."""
     prompts = [random_prompt(120, i) for i in range(64)]
     tight = capacity.bytes_for(TINY.pools.GROUPS, 8, 128 * 8)
-    engine = make_engine(params, num_speculative_tokens=1, kv_cache_memory=tight)
+    engine = make_engine(params, num_speculative_tokens=1, kv_cache_memory=tight,
+                         max_model_len=1024)
     handed: dict[tuple[int, int], list[int]] = {}
     acquire = engine.scheduler.slots.acquire
 

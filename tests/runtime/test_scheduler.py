@@ -188,11 +188,13 @@ def test_head_of_line_waits_when_no_rank_can_supply_blocks():
 
 
 def test_admission_is_all_or_nothing_across_groups():
-    s = make(ranks=1, ring=1)
+    s = make(ranks=1, ring=2)
+    (first,) = add(s, 2)
+    step(s)                                      # first holds 1 ring block and 1 kv block
     a, b = add(s, 8, 2)                          # a needs 2 ring blocks, 1 is left
     out = step(s)
-    assert out.empty and list(s.waiting) == [a, b]
-    assert (s.pool.free_count(0, "kv"), s.pool.free_count(0, "ring")) == (64, 1)
+    assert out.prefill == [] and list(s.waiting) == [a, b]
+    assert (s.pool.free_count(0, "kv"), s.pool.free_count(0, "ring")) == (63, 1)
     assert a.blocks == {} and a.status is Status.WAITING
 
 
@@ -339,13 +341,11 @@ def test_reservation_crosses_a_block_boundary_with_k_two():
     assert out.fresh_blocks == {(0, "kv"): [1], (0, "ring"): [1]}
 
 
-def test_a_row_without_room_for_its_drafts_is_not_dispatched():
+def test_a_prompt_whose_first_draft_cannot_fit_a_rank_is_rejected():
     s = make(ranks=1, k=1, kv=1)
-    (a,) = add(s, 3)
-    step(s)                                      # the prompt fits one block
-    out = s.schedule()                           # the draft position needs a second
-    assert out.decode == [] and out.preempted == [a]
-    assert (a.status, a.blocks, s.pool.free_count(0, "kv")) == (Status.WAITING, {}, 1)
+    with pytest.raises(ValueError, match="a prompt of 3 tokens needs 2 kv blocks, more than "
+                                         r"a rank holds \(1\)"):
+        s.add(req(3))                            # tail + draft reach position 4: a second block
 
 
 # -- preemption ----------------------------------------------------------------------
@@ -546,8 +546,6 @@ def test_a_mixed_workload_gives_everything_back():
 # -- known problems ------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="prefill never preempts: prefilling requests that "
-                   "fill a rank's pool wait for each other forever")
 def test_prefilling_requests_that_fill_the_pool_still_finish():
     s = make(ranks=1, kv=4)
     a, b = add(s, 12, 12, max_tokens=2)        # 2 first chunks of 8 take all 4 blocks

@@ -1,0 +1,126 @@
+"""Serving benchmark: starts `python -m server` (MTP off, then on), sends streaming
+completions at several concurrencies over loopback, and prints TTFT, TPOT, ITL and E2E
+(mean, p50, p99 in ms) with request and output throughput. Prints figures only.
+
+    .venv/bin/python bench/serve.py [--model DIR] [--requests 64] [--prompt-len 256]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from runtime.cli import default_model  # noqa: E402
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))] if ordered else 0.0
+
+
+async def one(client: httpx.AsyncClient, prompt: list[int], max_tokens: int) -> dict:
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    stamps, tokens = [], 0
+    async with client.stream("POST", "/v1/completions", json=body) as resp:
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk["choices"]:
+                stamps.append(time.perf_counter())
+            else:
+                tokens = chunk["usage"]["completion_tokens"]
+    end = time.perf_counter()
+    return {"ttft": stamps[0] - start, "e2e": end - start, "tokens": tokens,
+            "itl": [b - a for a, b in zip(stamps, stamps[1:])]}
+
+
+async def level(url: str, prompts: list[list[int]], concurrency: int, max_tokens: int) -> dict:
+    gate = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        async def run(p):
+            async with gate:
+                return await one(client, p, max_tokens)
+
+        start = time.perf_counter()
+        results = await asyncio.gather(*(run(p) for p in prompts))
+        seconds = time.perf_counter() - start
+    tpot = [(r["e2e"] - r["ttft"]) / max(1, r["tokens"] - 1) for r in results]
+    itl = [gap for r in results for gap in r["itl"]]
+
+    def stats(values):
+        return [1e3 * statistics.fmean(values), 1e3 * percentile(values, 50),
+                1e3 * percentile(values, 99)]
+
+    return {"req/s": len(results) / seconds,
+            "out tok/s": sum(r["tokens"] for r in results) / seconds,
+            "ttft": stats([r["ttft"] for r in results]), "tpot": stats(tpot),
+            "itl": stats(itl), "e2e": stats([r["e2e"] for r in results])}
+
+
+def start_server(model: Path, port: int, k: int) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "server", "--model", str(model), "--port", str(port),
+         "--num-speculative-tokens", str(k)], cwd=ROOT, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    proc.kill()
+    raise TimeoutError("the server did not start")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=default_model("tiny"))
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, default=256)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--concurrency", default="1,8,32,64")
+    parser.add_argument("--port", type=int, default=8123)
+    args = parser.parse_args()
+    vocab = json.loads((args.model / "config.json").read_text())["vocab_size"]
+    import random
+
+    rng = random.Random(0)
+    prompts = [[rng.randrange(2, vocab) for _ in range(args.prompt_len)]
+               for _ in range(args.requests)]
+    print(f"{args.requests} requests, prompt {args.prompt_len} tokens, {args.max_tokens} "
+          f"generated, greedy, streaming; latencies in ms (mean / p50 / p99)")
+    print("| MTP | conc | req/s | out tok/s | TTFT | TPOT | ITL | E2E |\n" + "|---" * 8 + "|")
+    for k in (0, 1):
+        proc = start_server(args.model, args.port, k)
+        try:
+            for c in [int(x) for x in args.concurrency.split(",")]:
+                r = asyncio.run(level(f"http://127.0.0.1:{args.port}", prompts, c,
+                                      args.max_tokens))
+                cell = {m: " / ".join(f"{v:.0f}" for v in r[m])
+                        for m in ("ttft", "tpot", "itl", "e2e")}
+                print(f"| {'on' if k else 'off'} | {c} | {r['req/s']:.2f} | "
+                      f"{r['out tok/s']:.1f} | {cell['ttft']} | {cell['tpot']} | "
+                      f"{cell['itl']} | {cell['e2e']} |", flush=True)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=120)
+
+
+if __name__ == "__main__":
+    main()
