@@ -3,14 +3,16 @@
     engine = AsyncEngine(Engine.build(config)); engine.start()
     async for output in engine.generate(prompt_ids, params, request_id): ...
 
-Cancelling the consumer (a client that went away) aborts the request, which frees its
-blocks and MTP slot. If a step raises, the engine is dead: every stream in flight and
-every later call gets EngineDeadError, and `healthy` turns False.
+The event loop never waits for a step: new requests and aborts go through queues that
+the engine thread drains between steps. Cancelling the consumer (a client that went
+away) aborts the request, which frees its blocks and MTP slot. If a step raises, the
+engine is dead: every stream in flight and every later call gets EngineDeadError.
 """
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections import deque
 from collections.abc import AsyncIterator
 
 from runtime.engine import Engine, RequestOutput
@@ -24,7 +26,10 @@ class EngineDeadError(RuntimeError):
 class AsyncEngine:
     def __init__(self, engine: Engine):
         self.engine = engine
-        self._lock = threading.Condition()
+        self._step_lock = threading.Lock()      # held by the engine thread for each step
+        self._wake = threading.Event()
+        self._incoming: deque[tuple[str, str | list[int], SamplingParams]] = deque()
+        self._aborts: deque[str] = deque()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._thread = threading.Thread(target=self._loop, name="v4serve-engine", daemon=True)
         self._stopping = False
@@ -42,25 +47,26 @@ class AsyncEngine:
         self._thread.start()
 
     def shutdown(self) -> None:
-        with self._lock:
-            self._stopping = True
-            self._lock.notify()
+        self._stopping = True
+        self._wake.set()
         self._thread.join(timeout=30)
 
     async def generate(self, prompt: str | list[int], params: SamplingParams,
                        request_id: str) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs; ValueError if it can never run."""
+        """Stream a request's outputs. ValueError if the engine refuses it."""
+        if self.error is not None:
+            raise EngineDeadError(f"the engine stopped: {self.error}")
         queue: asyncio.Queue = asyncio.Queue()
-        with self._lock:
-            if self.error is not None:
-                raise EngineDeadError(f"the engine stopped: {self.error}")
-            self.engine.add_request(prompt, params, request_id)
-            self._streams[request_id] = (asyncio.get_running_loop(), queue)
-            self._lock.notify()
+        self._streams[request_id] = (asyncio.get_running_loop(), queue)
+        self._incoming.append((request_id, prompt, params))
+        self._wake.set()
         finished = False
         try:
             while not finished:
                 item = await queue.get()
+                if isinstance(item, ValueError):
+                    finished = True
+                    raise item
                 if isinstance(item, BaseException):
                     raise EngineDeadError(f"the engine stopped: {item}") from item
                 finished = item.finished
@@ -70,38 +76,54 @@ class AsyncEngine:
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
-        with self._lock:
-            self._streams.pop(request_id, None)
-            self.engine.abort(request_id)
+        self._streams.pop(request_id, None)
+        self._aborts.append(request_id)
+        self._wake.set()
 
     def run_locked(self, fn, *args):
-        """Run fn(engine, *args) between steps (metrics, inspection)."""
-        with self._lock:
+        """Run fn(engine, *args) between steps (metrics, inspection); blocks the caller
+        for at most one step, so call it from a worker thread, not the event loop."""
+        with self._step_lock:
             return fn(self.engine, *args)
 
     def _loop(self) -> None:
         try:
-            while True:
-                with self._lock:
-                    while not self._stopping and not self.engine.has_unfinished():
-                        self._lock.wait()
-                    if self._stopping:
-                        return
-                    outputs = self.engine.step()
-                    self._deliver(outputs)
+            while not self._stopping:
+                self._wake.clear()
+                with self._step_lock:
+                    self._take_requests()
+                    busy = self.engine.has_unfinished()
+                    if busy:
+                        self._deliver(self.engine.step())
+                if not busy:
+                    self._wake.wait()
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the callers
-            with self._lock:
-                self.error = exc
-                for loop, queue in self._streams.values():
-                    loop.call_soon_threadsafe(queue.put_nowait, exc)
-                self._streams.clear()
+            self.error = exc
+            for loop, queue in list(self._streams.values()):
+                loop.call_soon_threadsafe(queue.put_nowait, exc)
+            self._streams.clear()
+
+    def _take_requests(self) -> None:
+        while self._aborts:
+            self.engine.abort(self._aborts.popleft())
+        while self._incoming:
+            request_id, prompt, params = self._incoming.popleft()
+            if request_id not in self._streams:        # cancelled before it started
+                continue
+            try:
+                self.engine.add_request(prompt, params, request_id)
+            except ValueError as exc:
+                self._send(request_id, exc)
+                self._streams.pop(request_id, None)
+
+    def _send(self, request_id: str, item: object) -> None:
+        target = self._streams.get(request_id)
+        if target is not None:
+            loop, queue = target
+            loop.call_soon_threadsafe(queue.put_nowait, item)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for output in outputs:
-            target = self._streams.get(output.request_id)
-            if target is None:
-                continue
-            loop, queue = target
-            loop.call_soon_threadsafe(queue.put_nowait, output)
+            self._send(output.request_id, output)
             if output.finished:
-                del self._streams[output.request_id]
+                self._streams.pop(output.request_id, None)

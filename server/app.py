@@ -118,6 +118,8 @@ def _guard(state: ServerState, handler):
             return _error(err)
         except EngineDeadError as exc:
             return _error(APIError(503, str(exc), "ServiceUnavailableError"))
+        except ValueError as exc:                 # the engine refused the request
+            return _error(bad_request(str(exc)))
         finally:
             if not streaming:
                 state.in_flight -= 1
