@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install codegen check-generated lint test serve clean
+.PHONY: install codegen check-generated lint test serve train-tiny bench clean
 
 install: $(STAMP)
 
@@ -26,8 +26,16 @@ lint: install  ## ruff over the hand-written code (generated/ is checked by chec
 test: lint  ## lint, then the whole test suite
 	$(PY) -m pytest -q
 
-serve: install  ## serve the embedded default (placeholder until the server lands)
+serve: install  ## serve the embedded default model (models/tiny) on 127.0.0.1:8000
 	$(VENV)/bin/v4serve serve --spec tiny
+
+train-tiny: install  ## retrain models/tiny on this interpreter's standard library (~45 min)
+	$(PY) -m pip install --quiet -e '.[train]'
+	$(PY) bench/train_tiny.py --out models/tiny
+
+bench: install  ## offline and serving benchmarks on the tiny spec (prints tables)
+	$(PY) bench/offline.py
+	$(PY) bench/serve.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -9,6 +9,7 @@ from types import ModuleType
 SPECS = {
     "deepseek_v4_flash": "specs/deepseek-v4-flash.yaml",
     "deepseek_v4_pro": "specs/deepseek-v4-pro.yaml",
+    "reference": "specs/reference.yaml",
     "tiny": "specs/tiny.yaml",
 }
 

@@ -280,6 +280,10 @@ def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
     return replace(params, seed=seed)
 
 
+def _include_usage(req) -> bool:
+    return bool(req.stream_options and req.stream_options.include_usage)
+
+
 def _sse(payload: dict | str) -> bytes:
     data = payload if isinstance(payload, str) else json.dumps(payload)
     return f"data: {data}\n\n".encode()
@@ -306,40 +310,49 @@ async def completions(state: ServerState, request: Request) -> Response:
     echo = [state.tokenizer.decode(p) if req.echo and state.tokenizer else "" for p in prompts]
     meta = {"id": base, "created": int(time.time()), "model": state.model_name}
     if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(
-            _stream_completion(state, base, jobs, req.n, echo, meta, include_usage,
-                               state.tokenizer),
-            media_type="text/event-stream")
+        n, tok = req.n, state.tokenizer
+        opening = [completion_chunk(meta, job.index, echo[job.index // n], None, None, None)
+                   for job in jobs if echo[job.index // n]]
+
+        def chunk(index, out, choice):
+            return completion_chunk(meta, index, out.new_text, choice.logprobs_delta(out, tok),
+                                    out.finish_reason, out.stop_reason)
+
+        return StreamingResponse(_stream(state, base, jobs, meta, n, _include_usage(req),
+                                         "text_completion", opening, chunk),
+                                 media_type="text/event-stream")
+    states = await _finished(state, request, base, jobs)
+    return JSONResponse(completion_response(meta, states, echo, req.n, state.tokenizer))
+
+
+async def _stream(state: ServerState, base: str, jobs: list[Job], meta: dict, n: int,
+                  include_usage: bool, kind: str, opening: list[dict], chunk):
+    """SSE for every choice: the opening chunks, one chunk(index, output, choice) per
+    output that carries news, the usage chunk when asked, then [DONE]."""
+    states = {job.index: ChoiceState(job.index, len(job.prompt_ids)) for job in jobs}
+    try:
+        for payload in opening:
+            yield _sse(payload)
+        async for index, out in _run(state, base, jobs):
+            states[index].add(out)
+            if out.new_text or out.finished or out.new_ids:
+                yield _sse(chunk(index, out, states[index]))
+        if include_usage:
+            yield _sse({**meta, "object": kind, "choices": [],
+                        "usage": usage(list(states.values()), n)})
+    except EngineDeadError as exc:
+        yield _sse(APIError(503, str(exc), "ServiceUnavailableError").body())
+    yield _sse("[DONE]")
+
+
+async def _finished(state: ServerState, request: Request, base: str,
+                    jobs: list[Job]) -> list[ChoiceState]:
     outputs = await _collect(state, request, base, jobs)
     states = [ChoiceState(job.index, len(job.prompt_ids)) for job in jobs]
     for st in states:
         for out in outputs[st.index]:
             st.add(out)
-    return JSONResponse(completion_response(meta, states, echo, req.n, state.tokenizer,
-                                            prompts))
-
-
-async def _stream_completion(state, base, jobs, n, echo, meta, include_usage, tokenizer):
-    states = {job.index: ChoiceState(job.index, len(job.prompt_ids)) for job in jobs}
-    try:
-        for job in jobs:
-            if echo[job.index // n]:
-                yield _sse(completion_chunk(meta, job.index, echo[job.index // n], None, None,
-                                            None))
-        async for index, out in _run(state, base, jobs):
-            st = states[index]
-            st.add(out)
-            if out.new_text or out.finished or out.new_ids:
-                yield _sse(completion_chunk(meta, index, out.new_text,
-                                            st.logprobs_delta(out, tokenizer),
-                                            out.finish_reason, out.stop_reason))
-        if include_usage:
-            yield _sse({**meta, "object": "text_completion", "choices": [],
-                        "usage": usage(list(states.values()), n)})
-    except EngineDeadError as exc:
-        yield _sse(APIError(503, str(exc), "ServiceUnavailableError").body())
-    yield _sse("[DONE]")
+    return states
 
 
 async def chat_completions(state: ServerState, request: Request) -> Response:
@@ -361,36 +374,20 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
     jobs = _jobs([ids], params, req.n)
     meta = {"id": base, "created": int(time.time()), "model": state.model_name}
     if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_stream_chat(state, base, jobs, meta, include_usage, req.n),
+        tok = state.tokenizer
+        opening = [chat_chunk(meta, job.index, {"role": "assistant", "content": ""}, None,
+                              None, None) for job in jobs]
+
+        def chunk(index, out, choice):
+            return chat_chunk(meta, index, {"content": out.new_text},
+                              choice.chat_logprobs_delta(out, tok), out.finish_reason,
+                              out.stop_reason)
+
+        return StreamingResponse(_stream(state, base, jobs, meta, req.n, _include_usage(req),
+                                         "chat.completion.chunk", opening, chunk),
                                  media_type="text/event-stream")
-    outputs = await _collect(state, request, base, jobs)
-    states = [ChoiceState(job.index, len(ids)) for job in jobs]
-    for st in states:
-        for out in outputs[st.index]:
-            st.add(out)
+    states = await _finished(state, request, base, jobs)
     return JSONResponse(chat_response(meta, states, req.n, state.tokenizer))
-
-
-async def _stream_chat(state, base, jobs, meta, include_usage, n):
-    states = {job.index: ChoiceState(job.index, len(job.prompt_ids)) for job in jobs}
-    try:
-        for job in jobs:
-            yield _sse(chat_chunk(meta, job.index, {"role": "assistant", "content": ""},
-                                  None, None, None))
-        async for index, out in _run(state, base, jobs):
-            st = states[index]
-            st.add(out)
-            if out.new_text or out.finished or out.new_ids:
-                yield _sse(chat_chunk(meta, index, {"content": out.new_text},
-                                      st.chat_logprobs_delta(out, state.tokenizer),
-                                      out.finish_reason, out.stop_reason))
-        if include_usage:
-            yield _sse({**meta, "object": "chat.completion.chunk", "choices": [],
-                        "usage": usage(list(states.values()), n)})
-    except EngineDeadError as exc:
-        yield _sse(APIError(503, str(exc), "ServiceUnavailableError").body())
-    yield _sse("[DONE]")
 
 
 async def models(state: ServerState, request: Request) -> Response:

@@ -71,7 +71,7 @@ def usage(states: list[ChoiceState], n: int) -> dict:
 
 
 def completion_response(meta: dict, states: list[ChoiceState], echo: list[str], n: int,
-                        tokenizer: Tokenizer | None, prompts: list[list[int]]) -> dict:
+                        tokenizer: Tokenizer | None) -> dict:
     choices = []
     for s in states:
         prefix = echo[s.index // n]

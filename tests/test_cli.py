@@ -30,7 +30,7 @@ def test_codegen_help_explains_every_spec_section():
 def test_check_passes_on_the_repository():
     result = _v4serve("codegen", "--check")
     assert result.returncode == 0, result.stderr
-    assert "generated/ matches 3 spec(s)" in result.stdout
+    assert "generated/ matches 4 spec(s)" in result.stdout
 
 
 def test_check_fails_on_drift_and_names_the_fix(tmp_path):
@@ -61,11 +61,13 @@ def test_a_bad_spec_fails_with_one_located_line(tmp_path):
     assert not (tmp_path / "generated").exists()
 
 
-def test_serve_says_it_is_a_placeholder():
-    result = _v4serve("serve", "--spec", "tiny")
+def test_serve_takes_vllms_flag_names():
+    result = _v4serve("serve", "--help")
     assert result.returncode == 0
-    assert "spec specs/tiny.yaml: 8 ranks" in result.stdout
-    assert "placeholder" in result.stderr
+    for flag in ("--model", "--host", "--port", "--served-model-name", "--api-key",
+                 "--max-num-batched-tokens", "--long-prefill-token-threshold",
+                 "--max-model-len", "--max-num-seqs", "--num-speculative-tokens", "--spec"):
+        assert flag in result.stdout
 
 
 def test_generate_prints_json_per_prompt_and_a_summary():
@@ -74,7 +76,8 @@ def test_generate_prints_json_per_prompt_and_a_summary():
     fixture = REPO / "tests" / "fixtures" / "v4-tiny"
     golden = json.loads((fixture / "golden.json").read_text())["cases"][0]
     ids = ",".join(map(str, golden["prompt_ids"]))
-    result = _v4serve("generate", "--model", str(fixture), "--prompt-ids", ids,
+    result = _v4serve("generate", "--spec", "reference", "--model", str(fixture),
+                      "--prompt-ids", ids,
                       "--max-tokens", "16", "--ignore-eos", "--json")
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines()]
@@ -86,7 +89,8 @@ def test_generate_prints_json_per_prompt_and_a_summary():
 
 
 def test_generate_rejects_a_k_without_a_layout():
-    result = _v4serve("generate", "--model", str(REPO / "tests" / "fixtures" / "v4-tiny"),
-                      "--prompt-ids", "5,6", "--num-speculative-tokens", "2")
+    result = _v4serve("generate", "--spec", "reference", "--model",
+                      str(REPO / "tests" / "fixtures" / "v4-tiny"), "--prompt-ids", "5,6",
+                      "--num-speculative-tokens", "2")
     assert result.returncode == 1
-    assert "spec specs/tiny.yaml has decode layouts for K in [0, 1]" in result.stderr
+    assert "spec specs/reference.yaml has decode layouts for K in [0, 1]" in result.stderr

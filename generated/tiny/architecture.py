@@ -14,12 +14,12 @@ CONFIG = MappingProxyType({
     "hc_mult": 4,
     "hc_sinkhorn_iters": 20,
     "head_dim": 128,
-    "hidden_size": 128,
+    "hidden_size": 256,
     "index_head_dim": 64,
     "index_n_heads": 8,
-    "index_topk": 16,
+    "index_topk": 32,
     "max_position_embeddings": 1048576,
-    "moe_intermediate_size": 64,
+    "moe_intermediate_size": 128,
     "n_routed_experts": 8,
     "n_shared_experts": 1,
     "norm_topk_prob": True,
@@ -30,8 +30,8 @@ CONFIG = MappingProxyType({
     "num_key_value_heads": 1,
     "num_nextn_predict_layers": 1,
     "o_groups": 2,
-    "o_lora_rank": 32,
-    "q_lora_rank": 64,
+    "o_lora_rank": 64,
+    "q_lora_rank": 128,
     "qk_rope_head_dim": 64,
     "rms_norm_eps": 1e-06,
     "rope_scaling": {
@@ -47,11 +47,11 @@ CONFIG = MappingProxyType({
     "sliding_window": 128,
     "swiglu_limit": 10.0,
     "topk_method": "noaux_tc",
-    "vocab_size": 512,
+    "vocab_size": 4096,
 })
 
 # sha256 of CONFIG; loaded weights must carry the same fingerprint to be launched.
-FINGERPRINT = "11d8cae9337feafd"
+FINGERPRINT = "60e34f2f128c6d57"
 
 NUM_MAIN_LAYERS = 4
 

@@ -254,7 +254,7 @@ def allocate_mtp_state(device: str | torch.device = "cpu") -> MtpState:
             for _ in range(RANKS)
         ),
         hidden=tuple(
-            torch.zeros((8, 4, 128), dtype=torch.float32, device=device)
+            torch.zeros((8, 4, 256), dtype=torch.float32, device=device)
             for _ in range(RANKS)
         ),
     )

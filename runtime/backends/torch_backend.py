@@ -48,13 +48,23 @@ def _gather(values: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
     return torch.cat([values[s.rank, s.row, : s.length] for s in segments])
 
 
-def _prefill_main(kernel: KernelABI, named: dict) -> None:
+def _main_model(kernel: KernelABI, named: dict, lengths: str, starts: str):
+    """The main model over the launch's token rows: (params, segments, streams [T, hc, d]),
+    or None when every row is empty."""
     params: ModelParams = named["weights"]
-    segments = _segments(named["chunk_lens"], named["start_pos"])
+    segments = _segments(named[lengths], named[starts])
     if not segments:
-        return
+        return None
     h = main_model(params, _gather(named["token_ids"], segments), segments,
                    _view(kernel, named), kernel.tile)
+    return params, segments, h
+
+
+def _prefill_main(kernel: KernelABI, named: dict) -> None:
+    ran = _main_model(kernel, named, "chunk_lens", "start_pos")
+    if ran is None:
+        return
+    params, segments, h = ran
     last = torch.tensor([s.offset + s.length - 1 for s in segments], device=h.device)
     out = logits(params, h[last])
     window = named["mtp_hidden"].shape[2] if "mtp_hidden" in named else 0
@@ -77,12 +87,10 @@ def _prefill_mtp(kernel: KernelABI, named: dict) -> None:
 
 
 def _decode(kernel: KernelABI, named: dict) -> None:
-    params: ModelParams = named["weights"]
-    segments = _segments(named["row_lens"], named["positions"])
-    if not segments:
+    ran = _main_model(kernel, named, "row_lens", "positions")
+    if ran is None:
         return
-    h = main_model(params, _gather(named["token_ids"], segments), segments,
-                   _view(kernel, named), kernel.tile)
+    params, segments, h = ran
     out = logits(params, h)
     for s in segments:
         named["logits"][s.rank, s.row, : s.length] = out[s.tokens]

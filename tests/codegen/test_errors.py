@@ -33,7 +33,7 @@ MODEL_KEYS = (
 
 
 def test_unknown_key_names_the_key_and_the_valid_ones(tmp_path, tiny_text):
-    _check(tmp_path, tiny_text, "  hidden_size: 128", "  hiden_size: 128", "hiden_size",
+    _check(tmp_path, tiny_text, "  hidden_size: 256", "  hiden_size: 256", "hiden_size",
            "model.hiden_size",
            "unknown key 'hiden_size' (did you mean 'hidden_size'?); valid keys here: "
            + MODEL_KEYS)
@@ -141,7 +141,7 @@ def test_invalid_yaml_names_the_line(tmp_path, tiny_text):
 
 
 def test_every_error_is_reported_one_per_line_in_line_order(tmp_path, tiny_text):
-    text = replace_once(tiny_text, "  hidden_size: 128", "  hiden_size: 128")
+    text = replace_once(tiny_text, "  hidden_size: 256", "  hiden_size: 256")
     text = replace_once(text, "  tile: 128", "  tile: -1")
     lines = _error(tmp_path, text).splitlines()
     assert [line.split(": ")[1] for line in lines] == ["model.hiden_size", "prefill.tile"]

@@ -72,7 +72,7 @@ def test_pools_allocate_rank_sharded_tensors_of_the_new_shapes(alt):
     assert alt.pools.bytes_per_rank(_blocks(alt, 6)) == sum(
         t[0].numel() * t[0].element_size() for t in vars(pools).values())
     mtp = alt.pools.allocate_mtp_state()
-    assert mtp.slots[0].shape == (16, 4) and mtp.hidden[0].shape == (16, 4, 128)
+    assert mtp.slots[0].shape == (16, 4) and mtp.hidden[0].shape == (16, 4, 256)
 
 
 def test_prefill_main_marshals_a_dynamic_extent(alt):
@@ -91,7 +91,7 @@ def test_prefill_main_marshals_a_dynamic_extent(alt):
     out = wrapper.launch(token_ids=tokens, start_pos=np.zeros((4, 2), np.int32),
                          chunk_lens=np.full((4, 2), 300, np.int32), pools=pools,
                          weights=weights, extent=384, **_tables(alt, 4, 2))
-    assert out.logits.shape == (4, 2, 512) and out.mtp_hidden.shape == (4, 2, 128, 4, 128)
+    assert out.logits.shape == (4, 2, 4096) and out.mtp_hidden.shape == (4, 2, 128, 4, 256)
 
 
 def test_staging_buffers_are_allocated_once_and_reused(alt):
@@ -101,7 +101,7 @@ def test_staging_buffers_are_allocated_once_and_reused(alt):
     second = wrapper.marshal(**kwargs)
     assert all(a is b for a, b in zip(first, second) if isinstance(a, torch.Tensor))
     out = wrapper.launch(**kwargs)
-    assert out.logits.shape == (4, 8, 2, 512) and out.draft_ids.shape == (4, 8, 1)
+    assert out.logits.shape == (4, 8, 2, 4096) and out.draft_ids.shape == (4, 8, 1)
     assert out.logits.data_ptr() == wrapper.launch(**kwargs).logits.data_ptr()
 
 

@@ -30,7 +30,7 @@ def test_generated_tree_matches_specs_file_by_file(tmp_path):
 
 def test_every_spec_has_a_package_with_every_kernel(tmp_path):
     out = _regenerate(tmp_path)
-    for spec in ("tiny", "deepseek_v4_flash", "deepseek_v4_pro"):
+    for spec in ("tiny", "reference", "deepseek_v4_flash", "deepseek_v4_pro"):
         kernels = sorted(p.name for p in (out / spec / "kernels").glob("*.py"))
         assert kernels == ["__init__.py", "decode_b4s2.py", "decode_b8s1.py",
                            "prefill_main.py", "prefill_mtp.py"]

@@ -83,5 +83,5 @@ def test_fingerprint_follows_the_architecture_only(plans, tmp_path, tiny_text):
     edited = tmp_path / "tiny.yaml"
     edited.write_text(replace_once(tiny_text, "  max_num_seqs: 64", "  max_num_seqs: 32"))
     assert plan_spec(edited, tmp_path).fingerprint == plans["tiny"].fingerprint
-    edited.write_text(replace_once(tiny_text, "  vocab_size: 512", "  vocab_size: 1024"))
+    edited.write_text(replace_once(tiny_text, "  vocab_size: 4096", "  vocab_size: 1024"))
     assert plan_spec(edited, tmp_path).fingerprint != plans["tiny"].fingerprint

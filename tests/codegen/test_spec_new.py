@@ -21,11 +21,11 @@ def _spec_new(config, base, out) -> subprocess.CompletedProcess:
                           cwd=REPO, capture_output=True, text=True)
 
 
-def test_reference_config_on_the_tiny_base_reproduces_the_tiny_layout(tmp_path):
+def test_reference_config_on_the_tiny_base_reproduces_the_reference_spec(tmp_path):
     out = tmp_path / "specs" / "ref.yaml"
     result = _spec_new(FIXTURE / "config.json", REPO / "specs" / "tiny.yaml", out)
     assert result.returncode == 0, result.stderr
-    ours, tiny = plan_spec(out, tmp_path), plan_spec(REPO / "specs" / "tiny.yaml", REPO)
+    ours, tiny = plan_spec(out, tmp_path), plan_spec(REPO / "specs" / "reference.yaml", REPO)
     assert ours.pools == tiny.pools and ours.fingerprint == tiny.fingerprint
     assert [k.args for k in ours.kernels] == [k.args for k in tiny.kernels]
 

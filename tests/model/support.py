@@ -15,9 +15,9 @@ from runtime.model.paging import PoolView, Segment
 from runtime.model.params import ModelParams
 from runtime.weights import load_params
 
-TINY = generated.load("tiny")
+REF = generated.load("reference")
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "v4-tiny"
-SPEC_KEYS = tuple(TINY.architecture.CONFIG)
+SPEC_KEYS = tuple(REF.architecture.CONFIG)
 
 # transformers' DeepseekV4ForCausalLM names -> the official checkpoint names.
 RENAMES = (
@@ -75,7 +75,7 @@ def export_official(state: dict[str, torch.Tensor], config: dict, out: Path,
 
 
 def reference_params() -> ModelParams:
-    return load_params(FIXTURE, TINY)
+    return load_params(FIXTURE, REF)
 
 
 def golden() -> list[dict]:
@@ -89,23 +89,23 @@ class Driver:
 
     def __init__(self, params: ModelParams, rank: int = 0, row: int = 0, pools=None):
         self.params, self.rank, self.row = params, rank, row
-        self.pools = pools or TINY.pools.allocate({g: self.BLOCKS for g in TINY.pools.GROUPS})
-        self.tables = self.block_tables(TINY.contract.SLOTS_PER_RANK)
+        self.pools = pools or REF.pools.allocate({g: self.BLOCKS for g in REF.pools.GROUPS})
+        self.tables = self.block_tables(REF.contract.SLOTS_PER_RANK)
 
     def block_tables(self, rows: int) -> dict[str, np.ndarray]:
         """Block tables of `rows` rows with this request's blocks on its (rank, row)."""
         tables = {}
-        for name, group in TINY.pools.GROUPS.items():
-            table = np.full((TINY.contract.RANKS, rows, group.table_width), -1, np.int32)
+        for name, group in REF.pools.GROUPS.items():
+            table = np.full((REF.contract.RANKS, rows, group.table_width), -1, np.int32)
             width = min(group.table_width, self.BLOCKS)
             table[self.rank, self.row, :width] = np.arange(width)
             tables[name] = table
         return tables
 
     def view(self) -> PoolView:
-        return PoolView({g: getattr(self.pools, g) for g in TINY.pools.GROUPS},
+        return PoolView({g: getattr(self.pools, g) for g in REF.pools.GROUPS},
                         {g: torch.from_numpy(t) for g, t in self.tables.items()},
-                        TINY.pools.GROUPS)
+                        REF.pools.GROUPS)
 
     def prefill(self, ids: list[int], chunk: int,
                 start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,7 +116,7 @@ class Driver:
             seg = Segment(self.rank, self.row, start + at, len(piece), 0)
             with torch.inference_mode():
                 h = main_model(self.params, torch.tensor(piece), [seg], self.view(),
-                               TINY.contract.TILE)
+                               REF.contract.TILE)
                 outs.append(logits(self.params, h))
             streams.append(h)
         return torch.cat(outs), torch.cat(streams)

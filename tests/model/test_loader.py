@@ -15,7 +15,7 @@ from runtime.weights import (
     dequantize_fp8,
     load_params,
 )
-from tests.model.support import FIXTURE, TINY
+from tests.model.support import FIXTURE, REF
 
 
 @pytest.fixture
@@ -74,7 +74,7 @@ def test_quantized_checkpoint_loads_to_the_dequantized_values(tmp_path, tensors)
     codes = torch.randint(0, 16, (64, 128))
     tensors[expert], tensors["layers.2.ffn.experts.5.w1.scale"] = _fp4(
         codes, torch.full((64, 4), 0.5))
-    params = load_params(_write(tmp_path, tensors), TINY)
+    params = load_params(_write(tmp_path, tensors), REF)
     assert torch.equal(params[name], exact)
     values = torch.tensor(FP4_VALUES)[codes] * 0.5
     per_rank = params.experts_per_rank
@@ -82,11 +82,11 @@ def test_quantized_checkpoint_loads_to_the_dequantized_values(tmp_path, tensors)
 
 
 def test_experts_live_only_on_their_owning_rank(tensors):
-    params = load_params(FIXTURE, TINY)
-    per_rank = TINY.contract.EXPERTS_PER_RANK
+    params = load_params(FIXTURE, REF)
+    per_rank = REF.contract.EXPERTS_PER_RANK
     assert not any(".experts." in name for name in params.dense)
     for layer, shards in params.experts.items():
-        assert len(shards) == TINY.contract.EP
+        assert len(shards) == REF.contract.EP
         for rank, shard in enumerate(shards):
             assert shard.count == per_rank
             for local in range(per_rank):
@@ -99,33 +99,33 @@ def test_experts_live_only_on_their_owning_rank(tensors):
 def test_missing_tensor_is_named(tmp_path, tensors):
     del tensors["layers.2.attn.compressor.ape"]
     with pytest.raises(CheckpointError, match="missing tensor layers.2.attn.compressor.ape"):
-        load_params(_write(tmp_path, tensors), TINY)
+        load_params(_write(tmp_path, tensors), REF)
 
 
 def test_extra_tensor_is_named(tmp_path, tensors):
     tensors["layers.0.attn.compressor.ape"] = torch.zeros(4, 256)
     with pytest.raises(CheckpointError, match="unexpected tensor layers.0.attn.compressor.ape"):
-        load_params(_write(tmp_path, tensors), TINY)
+        load_params(_write(tmp_path, tensors), REF)
 
 
 def test_misshaped_tensor_is_named(tmp_path, tensors):
     tensors["mtp.0.e_proj.weight"] = torch.zeros(128, 64, dtype=torch.bfloat16)
     with pytest.raises(CheckpointError, match=r"tensor mtp.0.e_proj.weight has shape "
                                               r"\(128, 64\), expected \(128, 128\)"):
-        load_params(_write(tmp_path, tensors), TINY)
+        load_params(_write(tmp_path, tensors), REF)
 
 
 def test_config_that_disagrees_with_the_spec_names_the_key(tmp_path, tensors):
     config = json.loads((FIXTURE / "config.json").read_text())
     config["index_topk"] = 32
-    with pytest.raises(CheckpointError, match="index_topk is 32 but specs/tiny.yaml says 16"):
-        load_params(_write(tmp_path, tensors, config), TINY)
+    with pytest.raises(CheckpointError, match="index_topk is 32 but specs/reference.yaml says 16"):
+        load_params(_write(tmp_path, tensors, config), REF)
     del config["index_topk"]
     with pytest.raises(CheckpointError, match="lacks 'index_topk'"):
-        load_params(_write(tmp_path, tensors, config), TINY)
+        load_params(_write(tmp_path, tensors, config), REF)
 
 
 def test_directory_without_safetensors(tmp_path):
     shutil.copy(FIXTURE / "config.json", tmp_path / "config.json")
     with pytest.raises(CheckpointError, match="no \\*.safetensors files"):
-        load_params(tmp_path, TINY)
+        load_params(tmp_path, REF)

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from tests.model.support import TINY, Driver, golden, reference_params
+from tests.model.support import REF, Driver, golden, reference_params
 
 TOL = 1e-4
 CASES = golden()
-C = TINY.contract
+C = REF.contract
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +62,12 @@ def test_greedy_continuation_through_the_kernels(params, case):
     tokens[3, 1, : len(prompt)] = prompt
     lens = np.zeros((C.RANKS, C.SLOTS_PER_RANK), np.int32)
     lens[3, 1] = len(prompt)
-    out = TINY.kernels.PrefillMain(backend="torch").launch(
+    out = REF.kernels.PrefillMain(backend="torch").launch(
         token_ids=tokens, start_pos=np.zeros_like(lens), chunk_lens=lens, extent=extent,
         **_weights_kwargs(driver, C.SLOTS_PER_RANK))
     produced = [int(out.logits[3, 1].argmax())]
     batch = C.DECODE_LAYOUTS[0].batch
-    decode = TINY.kernels.DECODE_BY_K[0](backend="torch")
+    decode = REF.kernels.DECODE_BY_K[0](backend="torch")
     driver.row = 5  # decode rows are numbered independently of prefill slots
     for step in range(len(case["greedy_ids"]) - 1):
         tok = np.zeros((C.RANKS, batch, 1), np.int64)
@@ -110,7 +110,7 @@ def test_mtp_prefill_and_fused_decode_draft_like_the_reference(params):
     tokens[2, 0, :n] = prompt
     lens = np.zeros((C.RANKS, C.SLOTS_PER_RANK), np.int32)
     lens[2, 0] = n
-    out = TINY.kernels.PrefillMain(backend="torch").launch(
+    out = REF.kernels.PrefillMain(backend="torch").launch(
         token_ids=tokens, start_pos=np.zeros_like(lens), chunk_lens=lens, extent=extent,
         **_weights_kwargs(driver, C.SLOTS_PER_RANK))
     assert int(out.logits[2, 0].argmax()) == greedy[0]
@@ -120,17 +120,17 @@ def test_mtp_prefill_and_fused_decode_draft_like_the_reference(params):
     next_ids[2, 0, : window - 1] = prompt[n - window + 1:]
     starts, rows = np.zeros_like(lens), np.zeros_like(lens)
     starts[2, 0], rows[2, 0] = n - window, window - 1
-    TINY.kernels.PrefillMtp(backend="torch").launch(
+    REF.kernels.PrefillMtp(backend="torch").launch(
         mtp_hidden=hidden, next_ids=next_ids, start_pos=starts, num_rows=rows,
         **{k: v for k, v in _weights_kwargs(driver, C.SLOTS_PER_RANK).items()
            if k in ("block_table_ori", "pools", "weights")})
 
-    mtp = TINY.pools.allocate_mtp_state()
+    mtp = REF.pools.allocate_mtp_state()
     slot, generation = 5, 7
     mtp.slots[2][slot] = torch.tensor([greedy[0], n, n + 1, generation])
     mtp.hidden[2][slot] = hidden[2, 0, window - 1]
     layout = C.DECODE_LAYOUTS[1]
-    fused = TINY.kernels.DECODE_BY_K[1](backend="torch")
+    fused = REF.kernels.DECODE_BY_K[1](backend="torch")
     driver.row = 3
     committed = 1
     while committed < len(greedy) - 2:
@@ -157,14 +157,14 @@ def test_mtp_prefill_and_fused_decode_draft_like_the_reference(params):
 
 def test_a_stale_generation_leaves_the_slot_and_outputs_alone(params):
     driver = Driver(params, rank=1, row=0)
-    mtp = TINY.pools.allocate_mtp_state()
+    mtp = REF.pools.allocate_mtp_state()
     mtp.slots[1][2] = torch.tensor([5, 10, 11, 4])
     layout = C.DECODE_LAYOUTS[1]
     slot_ids = np.full((C.RANKS, layout.batch), -1, np.int32)
     slot_ids[1, 0] = 2
     gens = np.full((C.RANKS, layout.batch), 3, np.int64)  # the slot moved on to generation 4
     before = [t.clone() for t in driver.pools.ori]
-    fused = TINY.kernels.DECODE_BY_K[1](backend="torch")
+    fused = REF.kernels.DECODE_BY_K[1](backend="torch")
     fused.logits.fill_(7.0)
     out = fused.launch(slot_ids=slot_ids, slot_gens=gens, mtp=mtp,
                        **_weights_kwargs(driver, layout.batch))

@@ -16,11 +16,11 @@ from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 from runtime.model import indexer
 from runtime.model.args import ModelArgs
 from runtime.weights import expected_shapes, load_params
-from tests.model.support import TINY, Driver, export_official
+from tests.model.support import REF, Driver, export_official
 
 TOL = 1e-4
 LENGTHS = [1, 4, 16, 127, 128, 129, 255, 256, 257, 300]
-CONFIG = {k: (list(v) if isinstance(v, tuple) else v) for k, v in TINY.architecture.CONFIG.items()}
+CONFIG = {k: (list(v) if isinstance(v, tuple) else v) for k, v in REF.architecture.CONFIG.items()}
 CONFIG["rope_scaling"] = dict(CONFIG["rope_scaling"])
 
 
@@ -64,7 +64,7 @@ def models(tmp_path_factory):
     _randomize(model, seed=0)
     out = export_official(model.state_dict(), CONFIG, tmp_path_factory.mktemp("ckpt"),
                           _mtp_tensors(seed=0))
-    return model, load_params(out, TINY)
+    return model, load_params(out, REF)
 
 
 @pytest.fixture(scope="module")

@@ -8,14 +8,14 @@ from runtime.model.forward import logits, main_model
 from runtime.model.paging import Segment
 from runtime.sampling_params import SamplingParams
 from runtime.tokenizer import Tokenizer
-from tests.model.support import FIXTURE, TINY, Driver
+from tests.model.support import FIXTURE, REF, Driver
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 
 def make_engine(params, **overrides) -> Engine:
-    config = EngineConfig(spec="tiny", model=FIXTURE, **overrides)
-    return Engine(config, TINY, params, Tokenizer(FIXTURE))
+    config = EngineConfig(spec="reference", model=FIXTURE, **overrides)
+    return Engine(config, REF, params, Tokenizer(FIXTURE))
 
 
 def random_prompt(length: int, seed: int) -> list[int]:

@@ -8,7 +8,7 @@ from runtime import capacity
 from runtime.backends import torch_backend
 from runtime.engine import ConfigError
 from runtime.sampling_params import SamplingParams
-from tests.model.support import TINY, reference_params
+from tests.model.support import REF, reference_params
 from tests.runtime.engine_support import (
     GREEDY,
     assert_all_free,
@@ -110,7 +110,7 @@ def test_preemption_under_pool_pressure_keeps_every_output(params, k):
     many = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     calm = make_engine(params, num_speculative_tokens=k).generate(prompts, many)
     running = 8 if k else 16                     # the rank's decode capacity for this K
-    tight = capacity.bytes_for(TINY.pools.GROUPS, running, 128 * 8)
+    tight = capacity.bytes_for(REF.pools.GROUPS, running, 128 * 8)
     engine = make_engine(params, num_speculative_tokens=k, kv_cache_memory=tight,
                          max_model_len=1024)
     pressed = engine.generate(prompts, many)
@@ -167,7 +167,7 @@ def test_preempted_requests_come_back_with_a_new_slot_generation(params):
     carries its current owner's generation, so a stale step is recognisable (the fused
     decode kernel skips such rows: tests/model/test_reference.py)."""
     prompts = [random_prompt(120, i) for i in range(64)]
-    tight = capacity.bytes_for(TINY.pools.GROUPS, 8, 128 * 8)
+    tight = capacity.bytes_for(REF.pools.GROUPS, 8, 128 * 8)
     engine = make_engine(params, num_speculative_tokens=1, kv_cache_memory=tight,
                          max_model_len=1024)
     handed: dict[tuple[int, int], list[int]] = {}

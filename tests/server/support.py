@@ -9,7 +9,7 @@ import uvicorn
 
 from runtime.async_engine import AsyncEngine
 from server.app import ServerState, build_app
-from tests.model.support import TINY
+from tests.model.support import REF
 from tests.runtime.engine_support import make_engine
 
 
@@ -22,7 +22,7 @@ def free_port() -> int:
 class LiveServer:
     def __init__(self, params, api_key: str | None = None, **engine_overrides):
         self.engine = AsyncEngine(make_engine(params, **engine_overrides))
-        self.state = ServerState(self.engine, TINY, "tiny", api_key=api_key)
+        self.state = ServerState(self.engine, REF, "tiny", api_key=api_key)
         self.port = free_port()
         config = uvicorn.Config(build_app(self.state), host="127.0.0.1", port=self.port,
                                 log_level="warning")

@@ -86,7 +86,7 @@ def test_health_info_version_and_auth(params):
         assert httpx.get(f"{live.url}/health").status_code == 200
         assert httpx.get(f"{live.url}/version").json()["version"]
         info = httpx.get(f"{live.url}/server_info").json()
-        assert info["spec"] == "tiny" and info["topology"]["ranks"] == 8
+        assert info["spec"] == "reference" and info["topology"]["ranks"] == 8
         assert info["decode_layouts"]["1"]["kernel"] == "decode_b4s2"
         assert info["pool_capacity"]["tokens_per_rank"] > 0 and info["mtp"]["enabled"]
         body = {"model": "tiny", "prompt": "t5", "max_tokens": 1}

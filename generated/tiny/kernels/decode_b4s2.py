@@ -95,17 +95,17 @@ ARGS = (
         "mtp_slot_hidden",
         "pool",
         torch.float32,
-        (8, 4, 128),
+        (8, 4, 256),
         "per rank: [mtp_slots, hc_mult, hidden]",
         per_rank=True,
     ),
     Arg("weights", "weight", None, (), "handle"),
-    Arg("logits", "output", torch.float32, (8, 4, 2, 512), "[ranks, batch, seq, vocab]"),
+    Arg("logits", "output", torch.float32, (8, 4, 2, 4096), "[ranks, batch, seq, vocab]"),
     Arg(
         "hidden",
         "output",
         torch.float32,
-        (8, 4, 2, 4, 128),
+        (8, 4, 2, 4, 256),
         "[ranks, batch, seq, hc_mult, hidden]",
     ),
     Arg("draft_ids", "output", torch.int64, (8, 4, 1), "[ranks, batch, k]"),
@@ -145,8 +145,8 @@ class DecodeB4S2:
         self.block_table_csa_inner_state = torch.zeros(
             (8, 4, 2), dtype=torch.int32, device=self.device,
         )
-        self.logits = torch.zeros((8, 4, 2, 512), dtype=torch.float32, device=self.device)
-        self.hidden = torch.zeros((8, 4, 2, 4, 128), dtype=torch.float32, device=self.device)
+        self.logits = torch.zeros((8, 4, 2, 4096), dtype=torch.float32, device=self.device)
+        self.hidden = torch.zeros((8, 4, 2, 4, 256), dtype=torch.float32, device=self.device)
         self.draft_ids = torch.zeros((8, 4, 1), dtype=torch.int64, device=self.device)
 
     def marshal(

@@ -91,7 +91,7 @@ ARGS = (
         per_rank=True,
     ),
     Arg("weights", "weight", None, (), "handle"),
-    Arg("logits", "output", torch.float32, (8, 8, 1, 512), "[ranks, batch, seq, vocab]"),
+    Arg("logits", "output", torch.float32, (8, 8, 1, 4096), "[ranks, batch, seq, vocab]"),
 )
 KERNEL = KernelABI(spec=SPEC_NAME, name=NAME, kind=KIND, args=ARGS, groups=GROUPS, tile=TILE)
 
@@ -125,7 +125,7 @@ class DecodeB8S1:
         self.block_table_csa_inner_state = torch.zeros(
             (8, 8, 2), dtype=torch.int32, device=self.device,
         )
-        self.logits = torch.zeros((8, 8, 1, 512), dtype=torch.float32, device=self.device)
+        self.logits = torch.zeros((8, 8, 1, 4096), dtype=torch.float32, device=self.device)
 
     def marshal(
         self,

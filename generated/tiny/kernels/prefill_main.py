@@ -99,12 +99,12 @@ ARGS = (
     ),
     Arg("weights", "weight", None, (), "handle"),
     Arg("extent", "scalar", None, (), "int"),
-    Arg("logits", "output", torch.float32, (8, 4, 512), "[ranks, slots, vocab]"),
+    Arg("logits", "output", torch.float32, (8, 4, 4096), "[ranks, slots, vocab]"),
     Arg(
         "mtp_hidden",
         "output",
         torch.float32,
-        (8, 4, 128, 4, 128),
+        (8, 4, 128, 4, 256),
         "[ranks, slots, mtp_window, hc_mult, hidden]",
     ),
 )
@@ -143,8 +143,8 @@ class PrefillMain:
         self.block_table_csa_inner_state = torch.zeros(
             (8, 4, 2), dtype=torch.int32, device=self.device,
         )
-        self.logits = torch.zeros((8, 4, 512), dtype=torch.float32, device=self.device)
-        self.mtp_hidden = torch.zeros((8, 4, 128, 4, 128), dtype=torch.float32, device=self.device)
+        self.logits = torch.zeros((8, 4, 4096), dtype=torch.float32, device=self.device)
+        self.mtp_hidden = torch.zeros((8, 4, 128, 4, 256), dtype=torch.float32, device=self.device)
 
     def marshal(
         self,

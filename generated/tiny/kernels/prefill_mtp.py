@@ -33,7 +33,7 @@ ARGS = (
         "mtp_hidden",
         "input",
         torch.float32,
-        (8, 4, 128, 4, 128),
+        (8, 4, 128, 4, 256),
         "[ranks, slots, mtp_window, hc_mult, hidden]",
     ),
     Arg("next_ids", "input", torch.int64, (8, 4, 128), "[ranks, slots, mtp_window]"),

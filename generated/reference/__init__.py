@@ -1,0 +1,16 @@
+# @generated from specs/reference.yaml by codegen — do not edit
+"""Generated serving package of spec `reference` (specs/reference.yaml).
+
+architecture   the model section (config.json keys), layer kinds, weight fingerprint
+contract       prefill/decode shapes, limits, topology, effective extent
+pools          the seven pool groups and the allocator of their rank-sharded tensors
+kernels        one launch wrapper per kernel specialization
+"""
+from __future__ import annotations
+
+from . import architecture, contract, kernels, pools
+
+SPEC_NAME = "reference"
+SPEC_PATH = "specs/reference.yaml"
+
+__all__ = ["SPEC_NAME", "SPEC_PATH", "architecture", "contract", "kernels", "pools"]
