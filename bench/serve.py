@@ -72,10 +72,11 @@ async def level(url: str, prompts: list[list[int]], concurrency: int, max_tokens
             "itl": stats(itl), "e2e": stats([r["e2e"] for r in results])}
 
 
-def start_server(model: Path, port: int, k: int) -> subprocess.Popen:
+def start_server(spec: str, model: Path, port: int, k: int) -> subprocess.Popen:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "server", "--model", str(model), "--port", str(port),
-         "--num-speculative-tokens", str(k)], cwd=ROOT, stdout=subprocess.DEVNULL,
+        [sys.executable, "-m", "server", "--spec", spec, "--model", str(model), "--port",
+         str(port), "--num-speculative-tokens", str(k), "--served-model-name", "tiny"],
+        cwd=ROOT, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -90,6 +91,7 @@ def start_server(model: Path, port: int, k: int) -> subprocess.Popen:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", default="tiny")
     parser.add_argument("--model", type=Path, default=default_model("tiny"))
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=256)
@@ -97,17 +99,14 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,8,32,64")
     parser.add_argument("--port", type=int, default=8123)
     args = parser.parse_args()
-    vocab = json.loads((args.model / "config.json").read_text())["vocab_size"]
-    import random
+    from bench.offline import prompts as make_prompts
 
-    rng = random.Random(0)
-    prompts = [[rng.randrange(2, vocab) for _ in range(args.prompt_len)]
-               for _ in range(args.requests)]
+    prompts = make_prompts(args.requests, args.prompt_len, args.model)
     print(f"{args.requests} requests, prompt {args.prompt_len} tokens, {args.max_tokens} "
           f"generated, greedy, streaming; latencies in ms (mean / p50 / p99)")
     print("| MTP | conc | req/s | out tok/s | TTFT | TPOT | ITL | E2E |\n" + "|---" * 8 + "|")
     for k in (0, 1):
-        proc = start_server(args.model, args.port, k)
+        proc = start_server(args.spec, args.model, args.port, k)
         try:
             for c in [int(x) for x in args.concurrency.split(",")]:
                 r = asyncio.run(level(f"http://127.0.0.1:{args.port}", prompts, c,

@@ -97,7 +97,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--prompt-ids", action="append", default=[],
                         help="prompt token ids, comma separated (repeatable)")
     parser.add_argument("--prompts-file", type=Path,
-                        help="one prompt per line (JSON lists of ids are token prompts)")
+                        help="one prompt per line: text, a JSON string, or a JSON list of "
+                             "token ids")
     parser.add_argument("--json", action="store_true",
                         help="one JSON object per prompt, then a summary object")
     parser.set_defaults(func=run)
@@ -109,7 +110,8 @@ def _prompts(args: argparse.Namespace) -> list[str | list[int]]:
     if args.prompts_file:
         for line in args.prompts_file.read_text().splitlines():
             if line.strip():
-                prompts.append(json.loads(line) if line.lstrip().startswith("[") else line)
+                # a JSON list is token ids, a JSON string may hold newlines, else plain text
+                prompts.append(json.loads(line) if line.lstrip()[:1] in ('[', '"') else line)
     return prompts
 
 

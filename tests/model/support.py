@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
+from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 
 import generated
 from runtime.model.forward import logits, main_model
@@ -74,6 +75,32 @@ def export_official(state: dict[str, torch.Tensor], config: dict, out: Path,
     return out
 
 
+def load_transformers(directory: Path) -> DeepseekV4ForCausalLM:
+    config = json.loads((directory / "config.json").read_text())
+    keep = {k: v for k, v in config.items() if k not in ("architectures", "model_type",
+                                                          "torch_dtype", "quantization_config")}
+    model = DeepseekV4ForCausalLM(DeepseekV4Config(**keep)).float().eval()
+    tensors = {}
+    for f in sorted(directory.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    state = {}
+    for name, param in model.state_dict().items():
+        official = official_name(name)
+        if official.endswith("ffn.experts.gate_up_proj"):
+            prefix = official.removesuffix("gate_up_proj")
+            state[name] = torch.stack([torch.cat((tensors[f"{prefix}{e}.w1.weight"],
+                                                  tensors[f"{prefix}{e}.w3.weight"]))
+                                       for e in range(param.shape[0])])
+        elif official.endswith("ffn.experts.down_proj"):
+            prefix = official.removesuffix("down_proj")
+            state[name] = torch.stack([tensors[f"{prefix}{e}.w2.weight"]
+                                       for e in range(param.shape[0])])
+        else:
+            state[name] = tensors[official]
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    return model
+
+
 def reference_params() -> ModelParams:
     return load_params(FIXTURE, REF)
 
@@ -83,29 +110,31 @@ def golden() -> list[dict]:
 
 
 class Driver:
-    """One request (rank, row) on fixed blocks of fresh tiny pools."""
+    """One request (rank, row) on fixed blocks of fresh pools of a spec (default: the
+    reference spec)."""
 
     BLOCKS = 24  # per group; enough for the longest test prompt
 
-    def __init__(self, params: ModelParams, rank: int = 0, row: int = 0, pools=None):
-        self.params, self.rank, self.row = params, rank, row
-        self.pools = pools or REF.pools.allocate({g: self.BLOCKS for g in REF.pools.GROUPS})
-        self.tables = self.block_tables(REF.contract.SLOTS_PER_RANK)
+    def __init__(self, params: ModelParams, rank: int = 0, row: int = 0, pools=None,
+                 spec=REF):
+        self.params, self.rank, self.row, self.spec = params, rank, row, spec
+        self.pools = pools or spec.pools.allocate({g: self.BLOCKS for g in spec.pools.GROUPS})
+        self.tables = self.block_tables(spec.contract.SLOTS_PER_RANK)
 
     def block_tables(self, rows: int) -> dict[str, np.ndarray]:
         """Block tables of `rows` rows with this request's blocks on its (rank, row)."""
         tables = {}
-        for name, group in REF.pools.GROUPS.items():
-            table = np.full((REF.contract.RANKS, rows, group.table_width), -1, np.int32)
+        for name, group in self.spec.pools.GROUPS.items():
+            table = np.full((self.spec.contract.RANKS, rows, group.table_width), -1, np.int32)
             width = min(group.table_width, self.BLOCKS)
             table[self.rank, self.row, :width] = np.arange(width)
             tables[name] = table
         return tables
 
     def view(self) -> PoolView:
-        return PoolView({g: getattr(self.pools, g) for g in REF.pools.GROUPS},
-                        {g: torch.from_numpy(t) for g, t in self.tables.items()},
-                        REF.pools.GROUPS)
+        groups = self.spec.pools.GROUPS
+        return PoolView({g: getattr(self.pools, g) for g in groups},
+                        {g: torch.from_numpy(t) for g, t in self.tables.items()}, groups)
 
     def prefill(self, ids: list[int], chunk: int,
                 start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,7 +145,7 @@ class Driver:
             seg = Segment(self.rank, self.row, start + at, len(piece), 0)
             with torch.inference_mode():
                 h = main_model(self.params, torch.tensor(piece), [seg], self.view(),
-                               REF.contract.TILE)
+                               self.spec.contract.TILE)
                 outs.append(logits(self.params, h))
             streams.append(h)
         return torch.cat(outs), torch.cat(streams)
