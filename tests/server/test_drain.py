@@ -32,8 +32,9 @@ def test_sigterm_drains_in_flight_requests():
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "server", "--model", str(REPO / "tests/fixtures/v4-tiny"),
-         "--port", str(port)],
+        [sys.executable, "-m", "server", "--spec", "reference", "--model",
+         str(REPO / "tests/fixtures/v4-tiny"),
+         "--port", str(port), "--served-model-name", "tiny"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
