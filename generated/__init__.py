@@ -15,7 +15,10 @@ SPECS = {
 
 
 def load(name: str) -> ModuleType:
-    """Import the generated package of spec `name` ("tiny", "deepseek-v4-flash", ...)."""
+    """Import the generated package of a spec, by name ("tiny", "deepseek-v4-flash") or by
+    its file ("specs/tiny.yaml")."""
+    if name.endswith((".yaml", ".yml")):
+        name = name.replace("\\", "/").rsplit("/", 1)[-1].rsplit(".", 1)[0]
     package = name.replace("-", "_")
     if package not in SPECS:
         raise KeyError(f"no generated package for spec {name!r}; have {sorted(SPECS)}; "

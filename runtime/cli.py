@@ -22,7 +22,8 @@ def default_model(spec: str) -> Path:
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--spec", default="tiny", help="generated spec to serve (default: tiny)")
+    parser.add_argument("--spec", default="tiny",
+                        help="spec to serve, by name or file (default: tiny)")
     parser.add_argument("--model", type=Path, default=None,
                         help="checkpoint directory in the official format "
                              "(default: models/<spec> in the repository)")
@@ -45,8 +46,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
+    spec = generated.load(args.spec).SPEC_NAME     # --spec tiny or --spec specs/tiny.yaml
     return EngineConfig(
-        spec=args.spec, model=args.model or default_model(args.spec),
+        spec=spec, model=args.model or default_model(spec),
         num_speculative_tokens=args.num_speculative_tokens,
         max_num_batched_tokens=args.max_num_batched_tokens,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
@@ -60,7 +62,8 @@ def build_engine(args: argparse.Namespace) -> Engine:
     try:
         return Engine.build(engine_config(args))
     except (ConfigError, CheckpointError, KeyError, ValueError) as exc:
-        raise SystemExit(f"v4serve: {exc}") from None
+        reason = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        raise SystemExit(f"v4serve: {reason}") from None
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:

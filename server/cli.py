@@ -66,7 +66,8 @@ class DrainingServer(uvicorn.Server):
 
 def make_server(args: argparse.Namespace) -> tuple[DrainingServer, ServerState]:
     engine = AsyncEngine(build_engine(args))
-    state = ServerState(engine, engine.engine.spec, args.served_model_name or args.spec,
+    spec = engine.engine.spec
+    state = ServerState(engine, spec, args.served_model_name or spec.SPEC_NAME,
                         api_key=args.api_key, max_body_bytes=args.max_body_bytes)
     config = uvicorn.Config(build_app(state), host=args.host, port=args.port,
                             log_level="info", timeout_graceful_shutdown=args.drain_timeout)
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     server, state = make_server(args)
     state.engine.start()
     state.ready = True
-    log.info("serving %s (spec %s) on http://%s:%d", state.model_name, args.spec,
+    log.info("serving %s (spec %s) on http://%s:%d", state.model_name, state.spec.SPEC_PATH,
              args.host, args.port)
     try:
         server.run()

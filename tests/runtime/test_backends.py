@@ -37,6 +37,7 @@ def test_generated_load_names_the_known_specs():
     with pytest.raises(KeyError, match="no generated package for spec 'v5'"):
         generated.load("v5")
     assert generated.load("deepseek-v4-flash").contract.MAX_EXTENT == 8192
+    assert generated.load("specs/tiny.yaml") is generated.load("tiny")
 
 
 def test_wrappers_launch_through_the_registered_backend():
