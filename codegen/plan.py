@@ -14,7 +14,7 @@ from codegen.abi import KernelPlan, kernel_plans
 from codegen.pool_roles import ROLES, PoolRole, layer_kinds, role_layers
 from codegen.schema import DecodeLayout, Spec
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4, "int64": 8}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(frozen=True)

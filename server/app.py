@@ -6,7 +6,7 @@ import itertools
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 
 from starlette.applications import Starlette
@@ -275,8 +275,6 @@ def _jobs(prompts: list[list[int]], params: SamplingParams, n: int) -> list[Job]
 
 
 def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
-    from dataclasses import replace
-
     return replace(params, seed=seed)
 
 
