@@ -81,9 +81,11 @@ class AsyncEngine:
         self._wake.set()
 
     def run_locked(self, fn, *args):
-        """Run fn(engine, *args) between steps (metrics, inspection); blocks the caller
-        for at most one step, so call it from a worker thread, not the event loop."""
+        """Run fn(engine, *args) between steps, after every request and abort queued so
+        far is applied (metrics, inspection); blocks the caller for at most one step, so
+        call it from a worker thread, not the event loop."""
         with self._step_lock:
+            self._take_requests()
             return fn(self.engine, *args)
 
     def _loop(self) -> None:
