@@ -5,8 +5,13 @@
 
 The event loop never waits for a step: new requests and aborts go through queues that
 the engine thread drains between steps. Cancelling the consumer (a client that went
-away) aborts the request, which frees its blocks and MTP slot. If a step raises, the
-engine is dead: every stream in flight and every later call gets EngineDeadError.
+away) aborts the request, which frees its blocks and MTP slot.
+
+Failures are sorted by whose they are. A request the engine refuses raises ValueError in
+its stream; a request whose own processing fails (sampling, detokenization, a stop
+check) raises RequestFailedError in its stream alone, and everyone else goes on. Only a
+failure of the shared step (a kernel, the pools, the scheduler) kills the engine: every
+stream in flight and every later call gets EngineDeadError.
 """
 from __future__ import annotations
 
@@ -20,7 +25,11 @@ from runtime.sampling_params import SamplingParams
 
 
 class EngineDeadError(RuntimeError):
-    pass
+    """The shared step failed; the engine serves nobody any more."""
+
+
+class RequestFailedError(RuntimeError):
+    """One request's own processing failed; the engine goes on."""
 
 
 class AsyncEngine:
@@ -64,12 +73,14 @@ class AsyncEngine:
         try:
             while not finished:
                 item = await queue.get()
-                if isinstance(item, ValueError):
+                if isinstance(item, ValueError | RequestFailedError):
                     finished = True
                     raise item
                 if isinstance(item, BaseException):
                     raise EngineDeadError(f"the engine stopped: {item}") from item
                 finished = item.finished
+                if item.error is not None:
+                    raise RequestFailedError(f"request {request_id} failed: {item.error}")
                 yield item
         finally:
             if not finished:
@@ -114,15 +125,23 @@ class AsyncEngine:
                 continue
             try:
                 self.engine.add_request(prompt, params, request_id)
-            except ValueError as exc:
+            except ValueError as exc:                  # refused: the client's to fix
                 self._send(request_id, exc)
+                self._streams.pop(request_id, None)
+            except Exception as exc:  # noqa: BLE001 - this request's failure alone
+                self._send(request_id, RequestFailedError(f"request {request_id} failed: "
+                                                          f"{type(exc).__name__}: {exc}"))
                 self._streams.pop(request_id, None)
 
     def _send(self, request_id: str, item: object) -> None:
         target = self._streams.get(request_id)
-        if target is not None:
-            loop, queue = target
+        if target is None:
+            return
+        loop, queue = target
+        try:
             loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:                           # its event loop is gone: abort it
+            self.abort(request_id)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for output in outputs:

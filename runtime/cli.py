@@ -10,7 +10,7 @@ from pathlib import Path
 
 import generated
 from runtime.engine import ConfigError, Engine, EngineConfig
-from runtime.sampling_params import SamplingParams
+from runtime.sampling_params import InvalidParam, SamplingParams
 from runtime.weights import CheckpointError
 
 REPO = Path(generated.__file__).resolve().parent.parent
@@ -43,6 +43,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-memory", type=int, default=None,
                         help="pool bytes per rank (default: enough for the limits)")
     parser.add_argument("--device", default=None, help="cpu | cuda | npu (default: the spec's)")
+    parser.add_argument("--max-logprobs", type=int, default=20,
+                        help="most top log-probs a request may ask for (default: 20)")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -54,7 +56,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         enable_chunked_prefill=args.enable_chunked_prefill,
-        kv_cache_memory=args.kv_cache_memory, device=args.device)
+        kv_cache_memory=args.kv_cache_memory, device=args.device,
+        max_logprobs=args.max_logprobs)
 
 
 def build_engine(args: argparse.Namespace) -> Engine:
@@ -107,43 +110,103 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _prompts(args: argparse.Namespace) -> list[str | list[int]]:
-    prompts: list[str | list[int]] = list(args.prompt)
-    prompts += [[int(t) for t in p.split(",") if t.strip()] for p in args.prompt_ids]
+class PromptError(ValueError):
+    """A prompt the command line or the prompts file got wrong; the message locates it."""
+
+
+def _prompts(args: argparse.Namespace) -> list[tuple[str, str | list[int]]]:
+    """(where it came from, prompt) for every prompt given."""
+    prompts: list[tuple[str, str | list[int]]] = [
+        (f"--prompt #{i + 1}", p) for i, p in enumerate(args.prompt)]
+    for i, text in enumerate(args.prompt_ids):
+        try:
+            prompts.append((f"--prompt-ids #{i + 1}",
+                            [int(t) for t in text.split(",") if t.strip()]))
+        except ValueError:
+            raise PromptError(f"--prompt-ids {text[:40]!r}: give comma-separated token "
+                              "ids") from None
     if args.prompts_file:
-        for line in args.prompts_file.read_text().splitlines():
-            if line.strip():
-                # a JSON list is token ids, a JSON string may hold newlines, else plain text
-                prompts.append(json.loads(line) if line.lstrip()[:1] in ('[', '"') else line)
+        prompts += _prompts_file(args.prompts_file)
     return prompts
 
 
+def _prompts_file(path: Path) -> list[tuple[str, str | list[int]]]:
+    """One prompt per line: a JSON list of token ids, a JSON string (which may hold
+    newlines), or else the line as plain text."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PromptError(f"--prompts-file {path}: {exc}") from None
+    prompts = []
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            where = f"{path}:{number}"
+            prompts.append((where, _prompt_line(line, where)))
+    return prompts
+
+
+def _prompt_line(line: str, where: str) -> str | list[int]:
+    if line.lstrip()[:1] not in ("[", '"'):
+        return line
+    try:
+        value = json.loads(line, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise PromptError(f"{where}: not a JSON string or list of token ids: {exc}") from None
+    if isinstance(value, str) or (isinstance(value, list) and value and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in value)):
+        return value
+    raise PromptError(f"{where}: a JSON line must be a string or a non-empty list of "
+                      "integer token ids")
+
+
+def _no_constant(literal: str):
+    raise ValueError(f"{literal} is not allowed")
+
+
+def _check_prompts(engine: Engine, prompts, params: SamplingParams) -> list[str | list[int]]:
+    """Every prompt checked before any runs; PromptError names the first bad one."""
+    checked = []
+    for where, prompt in prompts:
+        if isinstance(prompt, str) and engine.tokenizer is None:
+            raise PromptError(f"{where}: the checkpoint has no tokenizer.json; use "
+                              "--prompt-ids")
+        try:
+            engine.validate(engine.tokenizer.encode(prompt) if isinstance(prompt, str)
+                            else prompt, params)
+        except InvalidParam as exc:
+            raise PromptError(f"{where}: {exc}") from None
+        checked.append(prompt)
+    return checked
+
+
 def run(args: argparse.Namespace) -> int:
-    prompts = _prompts(args)
+    try:
+        prompts = _prompts(args)
+        params = sampling_params(args)
+    except PromptError as exc:
+        print(f"generate: {exc}", file=sys.stderr)
+        return 2
+    except InvalidParam as exc:
+        print(f"generate: --{exc.param.replace('_', '-')}: {exc}", file=sys.stderr)
+        return 2
     if not prompts:
         print("generate: give --prompt, --prompt-ids or --prompts-file", file=sys.stderr)
         return 2
-    try:
-        params = sampling_params(args)
-    except ValueError as exc:
-        print(f"generate: {exc}", file=sys.stderr)
-        return 2
     engine = build_engine(args)
-    if engine.tokenizer is None and any(isinstance(p, str) for p in prompts):
-        print("generate: the checkpoint has no tokenizer.json; use --prompt-ids", file=sys.stderr)
+    try:
+        checked = _check_prompts(engine, prompts, params)
+    except PromptError as exc:
+        print(f"generate: {exc}", file=sys.stderr)
         return 2
     start = time.perf_counter()
-    try:
-        outputs = engine.generate(prompts, params)
-    except ValueError as exc:
-        print(f"generate: {exc}", file=sys.stderr)
-        return 2
+    outputs = engine.generate(checked, params)
     summary = _summary(engine, outputs, time.perf_counter() - start)
     for output in outputs:
         if args.json:
             print(json.dumps({"prompt_token_ids": output.prompt_ids,
                               "output_token_ids": output.output_ids, "text": output.text,
-                              "finish_reason": output.finish_reason}))
+                              "finish_reason": output.finish_reason,
+                              "error": output.error}))
         else:
             print(output.text if engine.tokenizer else output.output_ids)
     if args.json:
@@ -154,7 +217,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"-- {summary['output_tokens']} tokens in {summary['seconds']:.2f} s "
               f"({summary['output_tokens_per_s']:.1f} tok/s), dispatches "
               f"{summary['dispatches']}{accept}", file=sys.stderr)
-    return 0
+    failed = [o for o in outputs if o.error]
+    for output in failed:
+        print(f"generate: {output.request_id} failed: {output.error}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _summary(engine: Engine, outputs, seconds: float) -> dict:

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -23,10 +24,12 @@ from runtime.block_pool import BlockPool
 from runtime.model_runner import ModelRunner, StepResult, TokenLogprobs
 from runtime.mtp_slots import SlotTable
 from runtime.request import Request
-from runtime.sampling_params import SamplingParams
+from runtime.sampling_params import InvalidParam, SamplingParams
 from runtime.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from runtime.tokenizer import Detokenizer, Tokenizer
 from runtime.weights import load_params
+
+log = logging.getLogger("v4serve.engine")
 
 
 class ConfigError(ValueError):
@@ -46,6 +49,7 @@ class EngineConfig:
     kv_cache_memory: int | None = None            # bytes per rank; None: enough for the limits
     device: str | None = None                     # None: the spec's device
     backend: str | None = None
+    max_logprobs: int = 20                        # most top log-probs a request may ask for
 
 
 @dataclass
@@ -60,6 +64,7 @@ class RequestOutput:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     logprobs: list[TokenLogprobs] = field(default_factory=list)   # of new_ids
+    error: str | None = None         # the request failed (finish_reason "error"); why
 
 
 @dataclass
@@ -116,9 +121,10 @@ class Engine:
 
     def add_request(self, prompt: str | list[int], params: SamplingParams,
                     request_id: str | None = None) -> Request:
-        """Queue a request; ValueError says why one can never run."""
+        """Queue a request; ValueError (InvalidParam naming the field where one is at
+        fault) says why it can never run."""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self._check_ids(ids)
+        self._check(ids, params)
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -126,26 +132,37 @@ class Engine:
         if self.tokenizer and self.tokenizer.eos_id is not None:
             eos = self.tokenizer.eos_id
         request = Request(request_id, ids, params, next(self._arrival), eos)
-        self.scheduler.add(request)
+        detok = Detokenizer(self.tokenizer, params.stop) if self.tokenizer else None
+        self.scheduler.add(request)           # the last step that may refuse it
         self.requests[request_id] = request
-        if self.tokenizer:
-            self._detok[request_id] = Detokenizer(self.tokenizer, params.stop)
+        if detok is not None:
+            self._detok[request_id] = detok
         return request
 
     def validate(self, ids: list[int], params: SamplingParams) -> None:
-        """ValueError if a request of these ids could never run here."""
-        self._check_ids(ids)
+        """InvalidParam if a request of these ids and params could never run here."""
+        self._check(ids, params)
         reason = self.scheduler.check(Request("check", ids, params, -1))
         if reason:
-            raise ValueError(reason)
+            raise InvalidParam("prompt", reason)
 
-    def _check_ids(self, ids: list[int]) -> None:
+    def _check(self, ids: list[int], params: SamplingParams) -> None:
+        """What needs the model: token ids within the vocabulary, the log-prob limit."""
         if not ids:
-            raise ValueError("the prompt is empty")
-        vocab = self.spec.architecture.CONFIG["vocab_size"]
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
+            raise InvalidParam("prompt", "the prompt is empty")
+        for param, tokens in (("prompt", ids), ("stop_token_ids", params.stop_token_ids),
+                              ("logit_bias", [t for t, _ in params.logit_bias])):
+            bad = [t for t in tokens if not 0 <= t < self.vocab_size]
+            if bad:
+                raise InvalidParam(param, f"token id {bad[0]} is outside the vocabulary "
+                                          f"[0, {self.vocab_size})")
+        if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
+            raise InvalidParam("logprobs", f"logprobs must be at most "
+                                           f"{self.config.max_logprobs}, got {params.logprobs}")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.spec.architecture.CONFIG["vocab_size"]
 
     def abort(self, request_id: str) -> None:
         request = self.requests.get(request_id)
@@ -167,14 +184,31 @@ class Engine:
 
     def _postprocess(self, out: SchedulerOutput,
                      results: dict[Request, StepResult]) -> list[RequestOutput]:
+        """Commit what the step produced. A request whose share of the step failed (its
+        sampling, detokenization or stop check) ends alone with an error output; the
+        others go on."""
         self.stats.steps += 1
         self.stats.prompt_tokens += sum(ch.length for ch in out.prefill)
-        kept = self.scheduler.commit(out, {r: res.tokens for r, res in results.items()})
-        outputs = []
+        outputs = [self._fail(r, res.error) for r, res in results.items() if res.error]
+        kept = self.scheduler.commit(out, {r: res.tokens for r, res in results.items()
+                                           if not res.error})
         for request, tokens in kept.items():
             self._count(results[request], tokens)
-            outputs.append(self._output(request, tokens, results[request]))
+            try:
+                outputs.append(self._output(request, tokens, results[request]))
+            except Exception as exc:  # noqa: BLE001 - isolated to this request
+                outputs.append(self._fail(request, exc))
         return outputs
+
+    def _fail(self, request: Request, error: Exception) -> RequestOutput:
+        """End a request whose own processing raised; free what it holds."""
+        log.error("request %s failed: %s: %s", request.request_id, type(error).__name__,
+                  error, exc_info=error)
+        self.scheduler.finish(request, "error")
+        if request.request_id in self.requests:
+            self._forget(request)
+        return RequestOutput(request.request_id, request.prompt_ids, list(request.output_ids),
+                             "", [], "", True, "error", error=f"{type(error).__name__}: {error}")
 
     def _count(self, result: StepResult, tokens: list[int]) -> None:
         self.stats.generation_tokens += len(tokens)

@@ -34,6 +34,7 @@ class StepResult:
     logprobs: list[TokenLogprobs] | None = None
     drafted: int = 0          # MTP draft tokens verified this step
     accepted: int = 0
+    error: Exception | None = None    # this request's share of the step failed (no tokens)
 
 
 @dataclass
@@ -134,20 +135,19 @@ class ModelRunner:
             slot_ids[rank, row], gens[rank, row] = request.slot, request.slot_generation
         out = self._launch(self.decode, self.decode_name, slot_ids=slot_ids, slot_gens=gens,
                            mtp=self.mtp, **common)
-        results = {}
-        for rank, row, request in rows:
-            t0 = time.perf_counter()
-            draft = int(out.draft_ids[rank, row, 0])
-            tokens = sampler.verify_draft(out.logits[rank, row], draft, request.params,
-                                          request.prompt_ids, request.output_ids,
-                                          self._generator(request))
-            logprobs = self._logprobs(request, out.logits[rank, row, : len(tokens)], tokens)
-            self.timing.sample += time.perf_counter() - t0
-            tail_pos = request.num_tokens - 1 + len(tokens)
-            self._set_slot(request, tokens[-1], tail_pos, out.hidden[rank, row, len(tokens) - 1])
-            results[request] = StepResult(tokens, logprobs, drafted=self.k,
-                                          accepted=len(tokens) - 1)
-        return results
+        return {request: self._isolated(self._verify, request, out, rank, row)
+                for rank, row, request in rows}
+
+    def _verify(self, request: Request, out, rank: int, row: int) -> StepResult:
+        """Verify the row's draft, then set the slot for the request's next fused decode."""
+        draft = int(out.draft_ids[rank, row, 0])
+        tokens = sampler.verify_draft(out.logits[rank, row], draft, request.params,
+                                      request.prompt_ids, request.output_ids,
+                                      self._generator(request))
+        logprobs = self._logprobs(request, out.logits[rank, row, : len(tokens)], tokens)
+        tail_pos = request.num_tokens - 1 + len(tokens)
+        self._set_slot(request, tokens[-1], tail_pos, out.hidden[rank, row, len(tokens) - 1])
+        return StepResult(tokens, logprobs, drafted=self.k, accepted=len(tokens) - 1)
 
     def _set_slot(self, request: Request, tail: int, tail_pos: int, hidden: torch.Tensor) -> None:
         """The slot's state for the next fused decode: tail token and position, committed
@@ -177,15 +177,17 @@ class ModelRunner:
             r = ch.request
             if ch.terminal and not r.output_ids:   # a fresh prompt's first token
                 results[r] = self._sample(r, out.logits[r.rank, ch.slot])
-        if self.k:
-            self._prefill_mtp(chunks, out.mtp_hidden, results, rows)
+        alive = [ch for ch in chunks if ch.request not in results or not results[ch.request].error]
+        if self.k and alive:
+            self._prefill_mtp(alive, out.mtp_hidden, results)
         return results
 
     def _prefill_mtp(self, chunks: list[PrefillChunk], hidden: torch.Tensor,
-                     results: dict[Request, StepResult], rows) -> None:
+                     results: dict[Request, StepResult]) -> None:
         """Rebuild the MTP layer's window from the chunk's last rows; a terminal chunk
         then fills the request's slot for its first fused decode."""
         c = self.spec.contract
+        rows = [(ch.request.rank, ch.slot, ch.request) for ch in chunks]
         shape = (c.RANKS, c.SLOTS_PER_RANK)
         next_ids = np.zeros(shape + (c.MTP_WINDOW,), np.int64)
         starts, nrows = np.zeros(shape, np.int32), np.zeros(shape, np.int32)
@@ -211,18 +213,29 @@ class ModelRunner:
             return None
         if request.request_id not in self._generators:
             gen = torch.Generator(device=self.device)
-            gen.manual_seed(request.params.seed if request.params.seed is not None
-                            else int(torch.randint(2**62, ()).item()))
+            seed = request.params.generator_seed
+            gen.manual_seed(seed if seed is not None else int(torch.randint(2**62, ()).item()))
             self._generators[request.request_id] = gen
         return self._generators[request.request_id]
 
-    def _sample(self, request: Request, logits: torch.Tensor) -> StepResult:
+    def _isolated(self, compute, request: Request, *args) -> StepResult:
+        """One request's share of the step's host work (sampling, logits processing);
+        its failure is that request's alone and comes back as StepResult.error."""
         t0 = time.perf_counter()
+        try:
+            return compute(request, *args)
+        except Exception as exc:  # noqa: BLE001 - isolated to this request
+            return StepResult([], error=exc)
+        finally:
+            self.timing.sample += time.perf_counter() - t0
+
+    def _sample(self, request: Request, logits: torch.Tensor) -> StepResult:
+        return self._isolated(self._sample_one, request, logits)
+
+    def _sample_one(self, request: Request, logits: torch.Tensor) -> StepResult:
         token = sampler.sample(logits, request.params, request.prompt_ids, request.output_ids,
                                self._generator(request))
-        logprobs = self._logprobs(request, logits[None], [token])
-        self.timing.sample += time.perf_counter() - t0
-        return StepResult([token], logprobs)
+        return StepResult([token], self._logprobs(request, logits[None], [token]))
 
     def _logprobs(self, request: Request, logits: torch.Tensor,
                   tokens: list[int]) -> list[TokenLogprobs] | None:

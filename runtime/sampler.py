@@ -1,14 +1,32 @@
 """Sampling from logits rows, each with its own SamplingParams (vLLM semantics).
 
-Order: penalties (repetition on prompt+output, presence and frequency on output), then
-temperature, then top-k, top-p and min-p filtering, then a draw from the request's own
-generator (seeded when the request has a seed). Temperature 0 is greedy.
+Order: logit bias, then penalties (repetition on prompt+output, presence and frequency on
+output), then temperature, then top-k, top-p and min-p filtering, then a draw from the
+request's own generator (seeded when the request has a seed). A temperature below
+SAMPLING_EPS is greedy.
+
+A failure here (SamplingError, or any exception) belongs to one request: the runner
+reports it for that request alone and the engine goes on.
 """
 from __future__ import annotations
 
 import torch
 
 from runtime.sampling_params import SamplingParams
+
+
+class SamplingError(ValueError):
+    """The request's parameters left nothing to sample from."""
+
+
+def apply_logit_bias(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits [V] float32 -> a copy with the request's biases added."""
+    if not params.logit_bias:
+        return logits
+    ids, bias = zip(*params.logit_bias)
+    logits = logits.clone()
+    logits[torch.tensor(ids, device=logits.device)] += torch.tensor(bias, device=logits.device)
+    return logits
 
 
 def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt: list[int],
@@ -31,7 +49,7 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt: list[i
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """The distribution a non-greedy request samples from: [V] float32."""
     logits = logits / params.temperature
-    if params.top_k and params.top_k < logits.shape[-1]:
+    if 0 < params.top_k < logits.shape[-1]:
         kth = logits.topk(params.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
@@ -42,16 +60,30 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         probs[drop] = 0
     if params.min_p > 0:
         probs = probs.masked_fill(probs < params.min_p * probs.max(), 0)
-    return probs / probs.sum()
+    return _normalized(probs)
+
+
+def _normalized(probs: torch.Tensor) -> torch.Tensor:
+    total = probs.sum()
+    if not torch.isfinite(total) or total <= 0:
+        raise SamplingError("no token has a finite, positive probability under this "
+                            "request's sampling parameters")
+    return probs / total
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
+def adjusted(logits: torch.Tensor, params: SamplingParams, prompt: list[int],
+             output: list[int]) -> torch.Tensor:
+    """The logits a request samples from: [V] float32 with its bias and penalties."""
+    return apply_penalties(apply_logit_bias(logits.float(), params), params, prompt, output)
+
+
 def sample(logits: torch.Tensor, params: SamplingParams, prompt: list[int],
            output: list[int], generator: torch.Generator | None) -> int:
-    logits = apply_penalties(logits.float(), params, prompt, output)
+    logits = adjusted(logits, params, prompt, output)
     if params.greedy:
         return int(logits.argmax())
     return draw(probabilities(logits, params), generator)
@@ -63,17 +95,19 @@ def verify_draft(logits: torch.Tensor, draft: int, params: SamplingParams, promp
     [draft, bonus]. Lossless: the draft is deterministic (the MTP argmax), so it is kept
     with probability p(draft) and a rejection draws from p with the draft removed; greedy
     keeps it exactly when it is the argmax."""
-    first = apply_penalties(logits[0].float(), params, prompt, output)
+    first = adjusted(logits[0], params, prompt, output)
     if params.greedy:
         target = int(first.argmax())
         accepted = target == draft
     else:
         probs = probabilities(first, params)
-        accepted = float(torch.rand((), generator=generator, device=probs.device)) \
-            < float(probs[draft])
+        u = float(torch.rand((), generator=generator, device=probs.device))
+        rest = probs.clone()
+        rest[draft] = 0
+        # with no mass left beside the draft, p(draft) is 1 up to rounding: keep it
+        accepted = u < float(probs[draft]) or float(rest.sum()) <= 0
         if not accepted:
-            probs[draft] = 0
-            target = draw(probs / probs.sum(), generator)
+            target = draw(_normalized(rest), generator)
     if not accepted:
         return [target]
     bonus = sample(logits[1], params, prompt, output + [draft], generator)

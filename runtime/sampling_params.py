@@ -1,15 +1,33 @@
-"""Per-request sampling parameters, validated at the edge (vLLM's names and meanings)."""
+"""Per-request sampling parameters, validated at the edge (vLLM's names and meanings).
+
+Every number is checked for its domain here, once, whoever builds the params (the HTTP
+server, `v4serve generate`, a library caller): non-finite floats never reach a sampler.
+Checks that need the model (token ids within the vocabulary) live in Engine.validate.
+"""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+SAMPLING_EPS = 1e-5        # a temperature below this is greedy (vLLM's rule)
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1      # a signed 64-bit seed, as vLLM accepts
+MAX_LOGIT_BIAS = 100.0     # OpenAI's range for logit_bias values
+
+
+class InvalidParam(ValueError):
+    """A parameter outside its domain; `param` names the field as the API spells it."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 16
-    temperature: float = 1.0          # 0 = greedy
+    temperature: float = 1.0          # below SAMPLING_EPS = greedy
     top_p: float = 1.0
-    top_k: int = 0                    # 0 = off
+    top_k: int = 0                    # 0 or -1 = off
     min_p: float = 0.0
     seed: int | None = None
     presence_penalty: float = 0.0
@@ -19,38 +37,87 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None       # top-n log-probs per generated token
+    logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, bias) added to the logits
 
     def __post_init__(self) -> None:
-        problems = list(self._problems())
-        if problems:
-            raise ValueError("; ".join(problems))
+        for param, message in self._problems():
+            raise InvalidParam(param, message)
 
     def _problems(self):
-        if self.max_tokens < 1:
-            yield f"max_tokens must be at least 1, got {self.max_tokens}"
-        if self.temperature < 0:
-            yield f"temperature must be >= 0, got {self.temperature}"
-        if not 0 < self.top_p <= 1:
-            yield f"top_p must be in (0, 1], got {self.top_p}"
-        if self.top_k < 0:
-            yield f"top_k must be >= 0 (0 disables it), got {self.top_k}"
-        if not 0 <= self.min_p <= 1:
-            yield f"min_p must be in [0, 1], got {self.min_p}"
-        if self.repetition_penalty <= 0:
-            yield f"repetition_penalty must be > 0, got {self.repetition_penalty}"
-        if not -2 <= self.presence_penalty <= 2 or not -2 <= self.frequency_penalty <= 2:
-            yield "presence_penalty and frequency_penalty must be in [-2, 2]"
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            yield f"logprobs must be in [0, 20], got {self.logprobs}"
+        """(field, message) for every value outside its domain, in field order."""
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            yield "max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}"
+        for name, low, high, low_open in _FLOAT_RANGES:
+            value = getattr(self, name)
+            if not _in_range(value, low, high, low_open):
+                yield name, f"{name} must be {_describe(low, high, low_open)}, got {value}"
+        if not _is_int(self.top_k) or self.top_k < -1:
+            yield "top_k", f"top_k must be -1 or 0 (off) or at least 1, got {self.top_k}"
+        if self.seed is not None and not (_is_int(self.seed) and SEED_MIN <= self.seed
+                                          <= SEED_MAX):
+            yield "seed", f"seed must be an integer in [{SEED_MIN}, {SEED_MAX}], got {self.seed}"
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            yield "stop", "stop must hold non-empty strings only"
+        if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
+            yield "stop_token_ids", "stop_token_ids must hold non-negative token ids"
+        if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
+            yield "logprobs", f"logprobs must be a non-negative integer, got {self.logprobs}"
+        yield from _logit_bias_problems(self.logit_bias)
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < SAMPLING_EPS
 
     @property
     def penalized(self) -> bool:
         return (self.presence_penalty != 0 or self.frequency_penalty != 0
                 or self.repetition_penalty != 1)
+
+    @property
+    def generator_seed(self) -> int | None:
+        """The seed as the unsigned 64-bit value a torch.Generator takes."""
+        return None if self.seed is None else self.seed % 2**64
+
+
+# (field, low, high, low bound excluded): the domain of every float parameter
+_FLOAT_RANGES = (
+    ("temperature", 0.0, math.inf, False),
+    ("top_p", 0.0, 1.0, True),
+    ("min_p", 0.0, 1.0, False),
+    ("presence_penalty", -2.0, 2.0, False),
+    ("frequency_penalty", -2.0, 2.0, False),
+    ("repetition_penalty", 0.0, math.inf, True),
+)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _in_range(value, low: float, high: float, low_open: bool) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if not math.isfinite(value):
+        return False
+    return (low < value if low_open else low <= value) and value <= high
+
+
+def _describe(low: float, high: float, low_open: bool) -> str:
+    if high == math.inf:
+        return f"a finite number {'>' if low_open else '>='} {low:g}"
+    return f"a finite number in {'(' if low_open else '['}{low:g}, {high:g}]"
+
+
+def _logit_bias_problems(bias: tuple[tuple[int, float], ...]):
+    for token, value in bias:
+        if not _is_int(token) or token < 0:
+            yield "logit_bias", f"logit_bias keys must be non-negative token ids, got {token}"
+            return
+        if not _in_range(value, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS, False):
+            yield "logit_bias", (f"logit_bias values must be finite numbers in "
+                                 f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {value} "
+                                 f"for token {token}")
+            return
 
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -253,13 +253,17 @@ class Scheduler:
                results: Mapping[Request, Sequence[int]]) -> dict[Request, list[int]]:
         """Advance what each launched request has computed, then append its sampled
         tokens up to the first token-level stop (EOS, stop token, max_tokens,
-        max_model_len). Returns the tokens each request kept."""
+        max_model_len). Returns the tokens each request kept. A request that ended
+        during the step (it failed) has no result and is skipped."""
         for chunk in out.prefill:
-            chunk.request.num_computed = chunk.end
+            if not chunk.request.finished:
+                chunk.request.num_computed = chunk.end
         for launch in out.decode:
             for request in launch:   # the tail and the accepted drafts are now computed
-                request.num_computed = request.num_tokens - 1 + len(results[request])
-        return {request: self._append(request, tokens) for request, tokens in results.items()}
+                if not request.finished:
+                    request.num_computed = request.num_tokens - 1 + len(results[request])
+        return {request: self._append(request, tokens) for request, tokens in results.items()
+                if not request.finished}
 
     def _append(self, request: Request, tokens: Sequence[int]) -> list[int]:
         kept = []

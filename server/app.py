@@ -14,10 +14,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from runtime.async_engine import AsyncEngine, EngineDeadError
+from runtime.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
 from runtime.engine import RequestOutput
-from runtime.sampling_params import SamplingParams
+from runtime.sampling_params import SEED_MIN, InvalidParam, SamplingParams
 from server import chat
+from server.body import parse_json
 from server.metrics import Metrics
 from server.protocol import (
     APIError,
@@ -47,6 +48,7 @@ class ServerState:
     model_name: str
     api_key: str | None = None
     max_body_bytes: int = 8 << 20
+    max_n: int | None = None          # most choices (n, best_of) per prompt; None: max_num_seqs
     draining: bool = False
     in_flight: int = 0
     ready: bool = False
@@ -63,6 +65,10 @@ class ServerState:
     @property
     def max_model_len(self) -> int:
         return self.engine.engine.limits.max_model_len
+
+    @property
+    def choice_limit(self) -> int:
+        return self.max_n or self.engine.engine.limits.max_num_seqs
 
 
 def build_app(state: ServerState) -> Starlette:
@@ -97,6 +103,10 @@ def _error(err: APIError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status)
 
 
+def _failed(exc: RequestFailedError) -> APIError:
+    return APIError(500, str(exc), "InternalServerError")
+
+
 def _guard(state: ServerState, handler):
     """Auth, draining, in-flight accounting and error shaping around an API handler."""
 
@@ -118,6 +128,10 @@ def _guard(state: ServerState, handler):
             return _error(err)
         except EngineDeadError as exc:
             return _error(APIError(503, str(exc), "ServiceUnavailableError"))
+        except RequestFailedError as exc:         # this request's own processing failed
+            return _error(_failed(exc))
+        except InvalidParam as exc:               # the engine refused a value
+            return _error(bad_request(str(exc), exc.param))
         except ValueError as exc:                 # the engine refused the request
             return _error(bad_request(str(exc)))
         finally:
@@ -144,10 +158,7 @@ async def _json(state: ServerState, request: Request) -> object:
         body += chunk
         if len(body) > state.max_body_bytes:
             raise bad_request(f"the request body exceeds {state.max_body_bytes} bytes")
-    try:
-        return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"the body is not valid JSON: {exc}") from None
+    return parse_json(bytes(body))
 
 
 def _check_model(state: ServerState, name: str | None) -> None:
@@ -185,11 +196,11 @@ def _max_tokens(state: ServerState, requested: int | None, prompt_len: int, para
     return requested
 
 
-def _validate(state: ServerState, ids: list[int], params: SamplingParams) -> None:
+def _validate(state: ServerState, req, ids: list[int], params: SamplingParams) -> None:
     try:
         state.engine.engine.validate(ids, params)
-    except ValueError as exc:
-        raise bad_request(str(exc), "prompt") from None
+    except InvalidParam as exc:
+        raise req.invalid(exc) from None
 
 
 # -- generation ------------------------------------------------------------------------
@@ -265,17 +276,19 @@ async def _collect(state: ServerState, request: Request, base_id: str,
 
 
 def _jobs(prompts: list[list[int]], params: SamplingParams, n: int) -> list[Job]:
+    """n choices per prompt; with a seed, choice j samples with seed + j."""
     jobs = []
     for p, ids in enumerate(prompts):
         for j in range(n):
-            seed = None if params.seed is None else params.seed + j
-            choice = params if j == 0 or seed is None else _with_seed(params, seed)
+            choice = params if j == 0 or params.seed is None else \
+                replace(params, seed=_wrap_seed(params.seed + j))
             jobs.append(Job(p * n + j, ids, choice))
     return jobs
 
 
-def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
-    return replace(params, seed=seed)
+def _wrap_seed(seed: int) -> int:
+    """seed + j stays a signed 64-bit seed (it wraps, as 64-bit arithmetic would)."""
+    return (seed - SEED_MIN) % 2**64 + SEED_MIN
 
 
 def _include_usage(req) -> bool:
@@ -292,7 +305,8 @@ def _sse(payload: dict | str) -> bytes:
 
 async def completions(state: ServerState, request: Request) -> Response:
     req = parse(CompletionRequest, await _json(state, request))
-    req.check_common()
+    req.check_common(state.choice_limit)
+    candidates = req.check_best_of(state.choice_limit)
     _check_model(state, req.model)
     if req.echo and req.logprobs is not None:
         raise bad_request("echo with logprobs needs prompt log-probs, which this server "
@@ -300,11 +314,13 @@ async def completions(state: ServerState, request: Request) -> Response:
     prompts = [_prompt_ids(state, p) for p in req.prompts()]
     longest = max(len(p) for p in prompts)
     max_tokens = _max_tokens(state, req.max_tokens, longest, "max_tokens")
-    params = req.sampling(max_tokens, req.logprobs)
+    # best_of ranks candidates by the log-probs of their tokens, so it always computes them
+    ranked = candidates > req.n
+    params = req.sampling(max_tokens, 0 if ranked and req.logprobs is None else req.logprobs)
     for ids in prompts:
-        _validate(state, ids, params)
+        _validate(state, req, ids, params)
     base = f"cmpl-{next(state.ids)}-{int(time.time() * 1000)}"
-    jobs = _jobs(prompts, params, req.n)
+    jobs = _jobs(prompts, params, candidates)
     echo = [state.tokenizer.decode(p) if req.echo and state.tokenizer else "" for p in prompts]
     meta = {"id": base, "created": int(time.time()), "model": state.model_name}
     if req.stream:
@@ -320,7 +336,23 @@ async def completions(state: ServerState, request: Request) -> Response:
                                          "text_completion", opening, chunk),
                                  media_type="text/event-stream")
     states = await _finished(state, request, base, jobs)
+    if ranked:
+        states = _best(states, req.n, candidates, keep_logprobs=req.logprobs is not None)
     return JSONResponse(completion_response(meta, states, echo, req.n, state.tokenizer))
+
+
+def _best(states: list[ChoiceState], n: int, candidates: int,
+          keep_logprobs: bool) -> list[ChoiceState]:
+    """Per prompt, the n candidates with the highest total log-prob (earlier first on a
+    tie), renumbered as that prompt's choices 0..n-1."""
+    best = []
+    for first in range(0, len(states), candidates):
+        group = states[first:first + candidates]
+        group = sorted(group, key=lambda st: -sum(lp.logprob for lp in st.logprobs))[:n]
+        for rank, st in enumerate(group):
+            best.append(replace(st, index=first // candidates * n + rank,
+                                logprobs=st.logprobs if keep_logprobs else []))
+    return best
 
 
 async def _stream(state: ServerState, base: str, jobs: list[Job], meta: dict, n: int,
@@ -340,6 +372,8 @@ async def _stream(state: ServerState, base: str, jobs: list[Job], meta: dict, n:
                         "usage": usage(list(states.values()), n)})
     except EngineDeadError as exc:
         yield _sse(APIError(503, str(exc), "ServiceUnavailableError").body())
+    except RequestFailedError as exc:
+        yield _sse(_failed(exc).body())
     yield _sse("[DONE]")
 
 
@@ -356,7 +390,7 @@ async def _finished(state: ServerState, request: Request, base: str,
 async def chat_completions(state: ServerState, request: Request) -> Response:
     req = parse(ChatCompletionRequest, await _json(state, request))
     req.check()
-    req.check_common()
+    req.check_common(state.choice_limit)
     _check_model(state, req.model)
     if state.tokenizer is None:
         raise bad_request("this checkpoint has no tokenizer, so chat is unavailable")
@@ -367,7 +401,7 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
     max_tokens = _max_tokens(state, requested, len(ids), param)
     top = (req.top_logprobs or 0) if req.logprobs else None
     params = req.sampling(max_tokens, top)
-    _validate(state, ids, params)
+    _validate(state, req, ids, params)
     base = f"chatcmpl-{next(state.ids)}-{int(time.time() * 1000)}"
     jobs = _jobs([ids], params, req.n)
     meta = {"id": base, "created": int(time.time()), "model": state.model_name}

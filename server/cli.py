@@ -37,8 +37,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="the model name clients send (default: the spec name)")
     parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
     parser.add_argument("--max-body-bytes", type=int, default=8 << 20)
+    parser.add_argument("--max-n", type=_positive, default=None,
+                        help="most choices per prompt a request may ask for (n, best_of) "
+                             "(default: --max-num-seqs)")
     parser.add_argument("--drain-timeout", type=float, default=60.0)
     parser.set_defaults(func=run)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 class DrainingServer(uvicorn.Server):
@@ -68,7 +78,8 @@ def make_server(args: argparse.Namespace) -> tuple[DrainingServer, ServerState]:
     engine = AsyncEngine(build_engine(args))
     spec = engine.engine.spec
     state = ServerState(engine, spec, args.served_model_name or spec.SPEC_NAME,
-                        api_key=args.api_key, max_body_bytes=args.max_body_bytes)
+                        api_key=args.api_key, max_body_bytes=args.max_body_bytes,
+                        max_n=args.max_n)
     config = uvicorn.Config(build_app(state), host=args.host, port=args.port,
                             log_level="info", timeout_graceful_shutdown=args.drain_timeout)
     return DrainingServer(config, state, args.drain_timeout), state

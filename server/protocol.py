@@ -1,16 +1,19 @@
 """OpenAI request bodies, their validation, and OpenAI-shaped errors.
 
 Unknown fields are ignored (as vLLM does); a field of the wrong type or out of range is
-a 400 whose `param` names it.
+a 400 whose `param` names it. Types are checked here (every float finite); the domain of
+each sampling value is checked once, by SamplingParams, and reported under the name the
+endpoint gave the field.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from runtime.sampling_params import SamplingParams
+from runtime.sampling_params import InvalidParam, SamplingParams
 
 
 class APIError(Exception):
@@ -30,15 +33,18 @@ def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, "BadRequestError", param)
 
 
+_STRICT = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = _STRICT
     include_usage: bool = False
 
 
 class _Sampling(BaseModel):
     """Fields shared by completions and chat completions (vLLM's extensions included)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = _STRICT
     model: str | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -52,6 +58,7 @@ class _Sampling(BaseModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
 
@@ -59,22 +66,32 @@ class _Sampling(BaseModel):
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         values = {
             "max_tokens": max_tokens, "temperature": _default(self.temperature, 1.0),
-            "top_p": _default(self.top_p, 1.0), "top_k": max(0, _default(self.top_k, 0)),
+            "top_p": _default(self.top_p, 1.0), "top_k": _default(self.top_k, 0),
             "min_p": _default(self.min_p, 0.0), "seed": self.seed,
             "presence_penalty": _default(self.presence_penalty, 0.0),
             "frequency_penalty": _default(self.frequency_penalty, 0.0),
             "repetition_penalty": _default(self.repetition_penalty, 1.0),
             "stop": stop, "stop_token_ids": tuple(self.stop_token_ids or ()),
             "ignore_eos": self.ignore_eos, "logprobs": logprobs,
+            "logit_bias": _logit_bias(self.logit_bias),
         }
         try:
             return SamplingParams(**values)
-        except ValueError as exc:
-            raise bad_request(str(exc)) from None
+        except InvalidParam as exc:
+            raise self.invalid(exc) from None
 
-    def check_common(self) -> None:
-        if self.n < 1:
-            raise bad_request(f"n must be at least 1, got {self.n}", "n")
+    def invalid(self, exc: InvalidParam) -> APIError:
+        """The 400 for a value SamplingParams or the engine refused, under this
+        endpoint's name for the field."""
+        return bad_request(str(exc), self.param_name(exc.param))
+
+    def param_name(self, field: str) -> str:
+        """This endpoint's name for a SamplingParams field."""
+        return field
+
+    def check_common(self, max_n: int) -> None:
+        if not 1 <= self.n <= max_n:
+            raise bad_request(f"n must be in [1, {max_n}], got {self.n}", "n")
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options is only allowed when stream is true",
                               "stream_options")
@@ -84,11 +101,37 @@ def _default(value: Any, fallback: Any) -> Any:
     return fallback if value is None else value
 
 
+_TOKEN_ID = re.compile(r"[0-9]{1,19}")
+
+
+def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"token id": bias} as sorted (id, bias) pairs."""
+    pairs = []
+    for key, value in (bias or {}).items():
+        if not _TOKEN_ID.fullmatch(key):
+            raise bad_request(f"logit_bias keys must be token ids, got {key[:40]!r}",
+                              "logit_bias")
+        pairs.append((int(key), value))
+    return tuple(sorted(pairs))
+
+
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]] | None = None
     max_tokens: int | None = 16
     logprobs: int | None = None
+    best_of: int | None = None
     echo: bool = False
+
+    def check_best_of(self, max_n: int) -> int:
+        """How many candidates to generate per prompt (the n best are returned)."""
+        if self.best_of is None:
+            return self.n
+        if not self.n <= self.best_of <= max_n:
+            raise bad_request(f"best_of must be in [n, {max_n}] (n is {self.n}), got "
+                              f"{self.best_of}", "best_of")
+        if self.stream and self.best_of > self.n:
+            raise bad_request("best_of greater than n cannot be streamed", "best_of")
+        return self.best_of
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt field as a list of text or token-id prompts."""
@@ -103,17 +146,22 @@ class CompletionRequest(_Sampling):
         return list(p)
 
 
+class ContentPart(BaseModel):
+    model_config = _STRICT
+    type: str
+    text: str | None = None
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = _STRICT
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[ContentPart] | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
-            parts = [p.get("text", "") for p in self.content if p.get("type") == "text"]
-            if len(parts) != len(self.content):
+            if any(p.type != "text" or p.text is None for p in self.content):
                 raise bad_request("only text content parts are supported", "messages")
-            return "".join(parts)
+            return "".join(p.text for p in self.content)
         return self.content or ""
 
 
@@ -124,6 +172,13 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = None
 
+    def param_name(self, field: str) -> str:
+        if field == "logprobs":
+            return "top_logprobs"
+        if field == "max_tokens" and self.max_completion_tokens is not None:
+            return "max_completion_tokens"
+        return field
+
     def check(self) -> None:
         if not self.messages:
             raise bad_request("messages must hold at least one message", "messages")
@@ -132,30 +187,45 @@ class ChatCompletionRequest(_Sampling):
 
 
 class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = _STRICT
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
 
 
 class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = _STRICT
     model: str | None = None
     tokens: list[int]
 
 
 def parse(model: type[BaseModel], body: Any) -> Any:
-    """Validate a JSON body; a 400 naming the first bad field."""
+    """Validate a JSON body; a 400 naming the bad field as `messages[2].content`."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     try:
         return model.model_validate(body)
     except pydantic.ValidationError as exc:
-        err = exc.errors()[0]
-        fields = [str(p) for p in err["loc"] if not isinstance(p, int)]
-        # the field the client sent; a union's member names would only confuse it
-        param = ".".join(f for f in fields if f.isidentifier() and f not in _TYPE_NAMES) or None
+        # of a union's failed members, the deepest is the one the client meant
+        err = max(exc.errors(), key=lambda e: len(e["loc"]))
+        param = field_path(err["loc"]) or None
         raise bad_request(f"{param}: {err['msg']}" if param else err["msg"], param) from None
+
+
+def field_path(loc: tuple) -> str:
+    """pydantic's error location as the client wrote the field: `messages[0].role`."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif not _is_type_tag(part):
+            path += f".{part}" if path else part
+    return path
+
+
+def _is_type_tag(part: str) -> bool:
+    """A union member's name in a location ('str', 'list[int]', 'ContentPart')."""
+    return part in _TYPE_NAMES or "[" in part or part[:1].isupper()
 
 
 _TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "none"}

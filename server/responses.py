@@ -33,6 +33,13 @@ class ChoiceState:
         return _chat_logprobs(out.logprobs, tokenizer) if out.logprobs else None
 
 
+LOGPROB_FLOOR = -9999.0   # JSON has no -inf: a log-prob of an impossible token (vLLM's floor)
+
+
+def _logprob(value: float) -> float:
+    return value if value > LOGPROB_FLOOR else LOGPROB_FLOOR    # NaN included
+
+
 def _token(tokenizer: Tokenizer | None, token_id: int) -> str:
     return tokenizer.decode([token_id], skip_special_tokens=False) if tokenizer \
         else f"token_id:{token_id}"
@@ -46,8 +53,9 @@ def _completion_logprobs(items, tokenizer, offset: int) -> dict:
         at += len(text)
     return {
         "tokens": tokens,
-        "token_logprobs": [item.logprob for item in items],
-        "top_logprobs": [{_token(tokenizer, t): lp for t, lp in item.top} for item in items],
+        "token_logprobs": [_logprob(item.logprob) for item in items],
+        "top_logprobs": [{_token(tokenizer, t): _logprob(lp) for t, lp in item.top}
+                         for item in items],
         "text_offset": offsets,
     }
 
@@ -55,7 +63,7 @@ def _completion_logprobs(items, tokenizer, offset: int) -> dict:
 def _chat_logprobs(items, tokenizer) -> dict:
     def entry(token_id: int, logprob: float) -> dict:
         text = _token(tokenizer, token_id)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+        return {"token": text, "logprob": _logprob(logprob), "bytes": list(text.encode())}
 
     return {"content": [{**entry(item.token, item.logprob),
                          "top_logprobs": [entry(t, lp) for t, lp in item.top]}

@@ -5,6 +5,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO, replace_once
 
 
@@ -94,3 +96,49 @@ def test_generate_rejects_a_k_without_a_layout():
                       "--num-speculative-tokens", "2")
     assert result.returncode == 1
     assert "spec specs/reference.yaml has decode layouts for K in [0, 1]" in result.stderr
+
+
+def _generate(capsys, *args: str) -> tuple[int, str]:
+    """`v4serve generate` on the reference fixture, in this process: (exit code, stderr)."""
+    from server.main import main
+
+    fixture = str(REPO / "tests" / "fixtures" / "v4-tiny")
+    code = main(["generate", "--spec", "reference", "--model", fixture, *args])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (("--temperature", "nan"), "--temperature: temperature must be a finite number >= 0"),
+    (("--top-p", "inf"), "--top-p: top_p must be a finite number in (0, 1]"),
+    (("--repetition-penalty=-inf",), "--repetition-penalty: repetition_penalty must be"),
+    (("--presence-penalty", "3"), "--presence-penalty: presence_penalty must be"),
+    (("--seed", str(2**80)), "--seed: seed must be an integer in"),
+    (("--top-k", "-2"), "--top-k: top_k must be -1 or 0 (off) or at least 1"),
+    (("--stop", ""), "--stop: stop must hold non-empty strings only"),
+    (("--max-tokens", "0"), "--max-tokens: max_tokens must be at least 1"),
+    (("--prompt-ids", "5,x"), "--prompt-ids '5,x': give comma-separated token ids"),
+    (("--prompt-ids", "5,600"), "--prompt-ids #2: token id 600 is outside the vocabulary"),
+])
+def test_generate_refuses_bad_flags_by_name(capsys, flags, message):
+    code, err = _generate(capsys, "--prompt-ids", "5,6", *flags)
+    assert code == 2 and message in err, err
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("[5, NaN]", "not a JSON string or list of token ids: NaN is not allowed"),
+    ("[5, 6", "not a JSON string or list of token ids"),
+    ('[5, "a"]', "a JSON line must be a string or a non-empty list of integer token ids"),
+    ("[true]", "a JSON line must be a string or a non-empty list of integer token ids"),
+    ("[]", "a JSON line must be a string or a non-empty list of integer token ids"),
+    ("[5, -1]", "token id -1 is outside the vocabulary"),
+])
+def test_generate_names_the_bad_line_of_a_prompts_file(capsys, tmp_path, line, message):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(f"[5, 6]\n\n{line}\n")
+    code, err = _generate(capsys, "--prompts-file", str(prompts))
+    assert code == 2 and f"{prompts}:3: {message}" in err, err
+
+
+def test_generate_names_a_missing_prompts_file(capsys, tmp_path):
+    code, err = _generate(capsys, "--prompts-file", str(tmp_path / "none.txt"))
+    assert code == 2 and "none.txt" in err and "No such file" in err

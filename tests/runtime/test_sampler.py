@@ -61,8 +61,26 @@ def test_greedy_verification_accepts_exactly_the_argmax():
     assert sampler.verify_draft(logits, 2, greedy, [], [], None) == [1]
 
 
-def test_invalid_parameters_say_what_is_wrong():
-    with pytest.raises(ValueError, match="top_p must be in \\(0, 1\\]"):
-        SamplingParams(top_p=0)
-    with pytest.raises(ValueError, match="logprobs must be in \\[0, 20\\]"):
-        SamplingParams(logprobs=21)
+def test_logit_bias_is_added_before_the_choice():
+    logits = torch.tensor([3.0, 1.0, 0.0])
+    params = SamplingParams(temperature=0, logit_bias=((2, 5.0), (0, -100.0)))
+    assert sampler.adjusted(logits, params, [], []).tolist() == [-97.0, 1.0, 5.0]
+    assert sampler.sample(logits, params, [], [], None) == 2
+
+
+def test_a_temperature_below_the_epsilon_is_greedy():
+    assert SamplingParams(temperature=1e-6).greedy
+    assert not SamplingParams(temperature=1e-4).greedy
+
+
+def test_top_k_minus_one_is_off():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.2]))
+    probs = sampler.probabilities(logits, SamplingParams(top_k=-1))
+    assert probs.tolist() == pytest.approx([0.5, 0.3, 0.2])
+
+
+def test_nothing_left_to_sample_is_a_sampling_error():
+    logits = torch.full((4,), float("-inf"))
+    with pytest.raises(sampler.SamplingError, match="no token has a finite"):
+        sampler.sample(logits, SamplingParams(temperature=1.0), [], [], torch.Generator())
+

@@ -21,13 +21,13 @@ CASES = {
     "prompt too long": ({**GOOD, "prompt": list(range(2, 400)) * 50}, "prompt", 400),
     "max_tokens cannot fit": ({**GOOD, "max_tokens": 20000}, "max_tokens", 400),
     "max_tokens zero": ({**GOOD, "max_tokens": 0}, "max_tokens", 400),
-    "logprobs too many": ({**GOOD, "logprobs": 21}, None, 400),
+    "logprobs too many": ({**GOOD, "logprobs": 21}, "logprobs", 400),
     "n below one": ({**GOOD, "n": 0}, "n", 400),
     "token id out of vocabulary": ({**GOOD, "prompt": [5, 512]}, "prompt", 400),
     "negative token id": ({**GOOD, "prompt": [5, -1]}, "prompt", 400),
     "stream_options without stream": ({**GOOD, "stream_options": {"include_usage": True}},
                                       "stream_options", 400),
-    "temperature negative": ({**GOOD, "temperature": -1}, None, 400),
+    "temperature negative": ({**GOOD, "temperature": -1}, "temperature", 400),
     "oversized body": ({**GOOD, "prompt": "t5 " * 3_000_000}, None, 400),
 }
 
@@ -75,7 +75,7 @@ def test_bad_chat_requests(http):
     assert _post(http, {"messages": []}, "/v1/chat/completions").status_code == 400
     bad_role = {"messages": [{"role": "wizard", "content": "t5"}]}
     resp = _post(http, bad_role, "/v1/chat/completions")
-    assert resp.status_code == 400 and resp.json()["error"]["param"] == "messages.role"
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "messages[0].role"
     no_logprobs = {"messages": [{"role": "user", "content": "t5"}], "top_logprobs": 2}
     assert _post(http, no_logprobs, "/v1/chat/completions").status_code == 400
 

@@ -1,0 +1,116 @@
+"""One request's failure is its own: an exception in its sampling or detokenization ends
+that request with an error and frees what it held, while the others run on unchanged.
+A failure of the shared step still stops the engine (tests/runtime/test_async_engine.py)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from runtime import sampler
+from runtime.async_engine import AsyncEngine, RequestFailedError
+from runtime.sampling_params import SamplingParams
+from runtime.tokenizer import Detokenizer
+from tests.model.support import reference_params
+from tests.runtime.engine_support import assert_all_free, make_engine, random_prompt
+
+PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+PROMPTS = [random_prompt(40 + 17 * i, 100 + i) for i in range(9)]
+FAULTY = 4
+
+
+@pytest.fixture(scope="module")
+def params():
+    return reference_params()
+
+
+@pytest.fixture(scope="module")
+def clean(params):
+    """Greedy outputs of the eight healthy prompts, run without any fault."""
+    healthy = [p for i, p in enumerate(PROMPTS) if i != FAULTY]
+    return [o.output_ids for o in make_engine(params).generate(healthy, PARAMS)]
+
+
+def fail_sampling(monkeypatch, after: int) -> None:
+    """Sampling raises for the faulty prompt once it has `after` output tokens."""
+    def guard(real):
+        def patched(logits, params, prompt, output, *args):
+            if prompt == PROMPTS[FAULTY] and len(output) >= after:
+                raise RuntimeError("injected sampling fault")
+            return real(logits, params, prompt, output, *args)
+        return patched
+
+    monkeypatch.setattr(sampler, "sample", guard(sampler.sample))
+    monkeypatch.setattr(sampler, "verify_draft", _draft_guard(sampler.verify_draft, after))
+
+
+def _draft_guard(real, after: int):
+    def patched(logits, draft, params, prompt, output, *args):
+        if prompt == PROMPTS[FAULTY] and len(output) >= after:
+            raise RuntimeError("injected sampling fault")
+        return real(logits, draft, params, prompt, output, *args)
+    return patched
+
+
+def _run(engine):
+    outputs = engine.generate(PROMPTS, PARAMS)
+    failed = outputs.pop(FAULTY)
+    return failed, [o.output_ids for o in outputs]
+
+
+@pytest.mark.parametrize("k", [0, 1])
+@pytest.mark.parametrize("after", [0, 3], ids=["first-token", "mid-decode"])
+def test_a_sampling_fault_ends_only_its_request(params, clean, monkeypatch, k, after):
+    fail_sampling(monkeypatch, after)
+    engine = make_engine(params, num_speculative_tokens=k)
+    failed, others = _run(engine)
+    assert failed.finished and failed.finish_reason == "error"
+    assert "injected sampling fault" in failed.error
+    assert len(failed.output_ids) <= after + k
+    assert others == clean
+    assert_all_free(engine)
+
+
+def test_a_detokenizer_fault_ends_only_its_request(params, clean, monkeypatch):
+    real = Detokenizer.add
+
+    def patched(self, ids):
+        if "<fault>" in self.stop:
+            raise UnicodeError("injected detokenizer fault")
+        return real(self, ids)
+
+    monkeypatch.setattr(Detokenizer, "add", patched)
+    engine = make_engine(params)
+    faulty = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, stop=("<fault>",))
+    ids = [engine.add_request(p, faulty if i == FAULTY else PARAMS).request_id
+           for i, p in enumerate(PROMPTS)]
+    final = {}
+    while engine.has_unfinished():
+        final.update({o.request_id: o for o in engine.step() if o.finished})
+    assert final[ids[FAULTY]].finish_reason == "error"
+    assert "injected detokenizer fault" in final[ids[FAULTY]].error
+    assert [final[i].output_ids for j, i in enumerate(ids) if j != FAULTY] == clean
+    assert_all_free(engine)
+
+
+def test_the_async_engine_fails_one_stream_and_serves_the_rest(params, clean, monkeypatch):
+    fail_sampling(monkeypatch, 2)
+    engine = AsyncEngine(make_engine(params))
+    engine.start()
+
+    async def collect(i):
+        return [out async for out in engine.generate(PROMPTS[i], PARAMS, f"r{i}")]
+
+    async def main():
+        return await asyncio.gather(*(collect(i) for i in range(len(PROMPTS))),
+                                    return_exceptions=True)
+
+    try:
+        results = asyncio.run(main())
+        failed = results.pop(FAULTY)
+        assert isinstance(failed, RequestFailedError) and "injected" in str(failed)
+        assert [sum((o.new_ids for o in stream), []) for stream in results] == clean
+        assert engine.healthy
+        engine.run_locked(assert_all_free)
+    finally:
+        engine.shutdown()

@@ -1,0 +1,66 @@
+"""SamplingParams refuses every value outside its domain, naming the field: non-finite
+floats, out-of-range numbers, empty stop strings, seeds beyond 64 bits."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from runtime.sampling_params import SEED_MAX, SEED_MIN, InvalidParam, SamplingParams
+
+FLOATS = ["temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+          "repetition_penalty"]
+OUT_OF_RANGE = [
+    ("max_tokens", 0), ("max_tokens", -5),
+    ("temperature", -0.01),
+    ("top_p", 0.0), ("top_p", 1.0001),
+    ("top_k", -2),
+    ("min_p", -0.1), ("min_p", 1.5),
+    ("presence_penalty", 2.5), ("frequency_penalty", -2.01),
+    ("repetition_penalty", 0.0), ("repetition_penalty", -1.0),
+    ("seed", SEED_MAX + 1), ("seed", SEED_MIN - 1), ("seed", 2**80),
+    ("stop", ("",)), ("stop", ("ok", "")),
+    ("stop_token_ids", (-1,)),
+    ("logprobs", -1),
+    ("logit_bias", ((5, 100.5),)), ("logit_bias", ((-1, 1.0),)),
+    ("logit_bias", ((5, math.nan),)),
+]
+IN_RANGE = [
+    ("temperature", 0.0), ("top_p", 1.0), ("top_p", 1e-9), ("top_k", -1), ("top_k", 0),
+    ("top_k", 1), ("min_p", 0.0), ("min_p", 1.0), ("presence_penalty", -2.0),
+    ("frequency_penalty", 2.0), ("repetition_penalty", 1e-3), ("seed", SEED_MIN),
+    ("seed", SEED_MAX), ("logprobs", 0), ("logit_bias", ((0, -100.0), (7, 100.0))),
+]
+
+
+@pytest.mark.parametrize("field", FLOATS)
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_non_finite_floats_are_refused_by_name(field, value):
+    with pytest.raises(InvalidParam, match=f"^{field} must be a finite number") as err:
+        SamplingParams(**{field: value})
+    assert err.value.param == field
+
+
+@pytest.mark.parametrize(("field", "value"), OUT_OF_RANGE)
+def test_out_of_range_values_are_refused_by_name(field, value):
+    with pytest.raises(InvalidParam) as err:
+        SamplingParams(**{field: value})
+    assert err.value.param == field and field in str(err.value)
+
+
+@pytest.mark.parametrize(("field", "value"), IN_RANGE)
+def test_the_edges_of_each_range_are_accepted(field, value):
+    assert getattr(SamplingParams(**{field: value}), field) == value
+
+
+def test_booleans_are_not_numbers():
+    with pytest.raises(InvalidParam, match="temperature"):
+        SamplingParams(temperature=True)
+    with pytest.raises(InvalidParam, match="max_tokens"):
+        SamplingParams(max_tokens=True)
+
+
+def test_a_negative_seed_seeds_the_generator_as_its_64_bit_pattern():
+    assert SamplingParams(seed=-1).generator_seed == 2**64 - 1
+    assert SamplingParams(seed=5).generator_seed == 5
+    assert SamplingParams().generator_seed is None
