@@ -4,8 +4,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from types import ModuleType
 
@@ -39,6 +41,7 @@ from server.responses import (
 )
 
 VERSION = "0.1.0"
+log = logging.getLogger("v4serve.server")
 
 
 @dataclass
@@ -134,6 +137,10 @@ def _guard(state: ServerState, handler):
             return _error(bad_request(str(exc), exc.param))
         except ValueError as exc:                 # the engine refused the request
             return _error(bad_request(str(exc)))
+        except Exception as exc:  # noqa: BLE001 - a bug here must still answer in shape
+            log.exception("%s %s failed", request.method, request.url.path)
+            return _error(APIError(500, f"internal error: {type(exc).__name__}",
+                                   "InternalServerError"))
         finally:
             if not streaming:
                 state.in_flight -= 1
@@ -261,8 +268,9 @@ async def _collect(state: ServerState, request: Request, base_id: str,
     outputs: dict[int, list[RequestOutput]] = {job.index: [] for job in jobs}
 
     async def consume() -> None:
-        async for index, out in _run(state, base_id, jobs):
-            outputs[index].append(out)
+        async with aclosing(_run(state, base_id, jobs)) as outs:
+            async for index, out in outs:
+                outputs[index].append(out)
 
     task = asyncio.create_task(consume())
     while not task.done():
@@ -363,10 +371,11 @@ async def _stream(state: ServerState, base: str, jobs: list[Job], meta: dict, n:
     try:
         for payload in opening:
             yield _sse(payload)
-        async for index, out in _run(state, base, jobs):
-            states[index].add(out)
-            if out.new_text or out.finished or out.new_ids:
-                yield _sse(chunk(index, out, states[index]))
+        async with aclosing(_run(state, base, jobs)) as outs:   # a raise aborts the rest
+            async for index, out in outs:
+                states[index].add(out)
+                if out.new_text or out.finished or out.new_ids:
+                    yield _sse(chunk(index, out, states[index]))
         if include_usage:
             yield _sse({**meta, "object": kind, "choices": [],
                         "usage": usage(list(states.values()), n)})
@@ -374,6 +383,10 @@ async def _stream(state: ServerState, base: str, jobs: list[Job], meta: dict, n:
         yield _sse(APIError(503, str(exc), "ServiceUnavailableError").body())
     except RequestFailedError as exc:
         yield _sse(_failed(exc).body())
+    except Exception as exc:  # noqa: BLE001 - end this stream in shape, serve the rest
+        log.exception("stream %s failed", base)
+        yield _sse(APIError(500, f"internal error: {type(exc).__name__}",
+                            "InternalServerError").body())
     yield _sse("[DONE]")
 
 

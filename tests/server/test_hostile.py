@@ -205,3 +205,24 @@ def test_a_sampling_fault_fails_one_stream_while_eight_finish(live, http, params
     assert resp.status_code == 500 and resp.json()["error"]["type"] == "InternalServerError"
     assert http.get("/health").status_code == 200
     live.engine.run_locked(assert_all_free)
+
+
+def test_a_bug_while_answering_is_a_shaped_500_and_the_server_serves_on(live, http,
+                                                                        monkeypatch):
+    import server.app
+
+    def broken(*args):
+        raise KeyError("injected")
+
+    monkeypatch.setattr(server.app, "completion_response", broken)
+    monkeypatch.setattr(server.app, "completion_chunk", broken)
+    resp = http.post("/v1/completions", json={"prompt": "t5", "max_tokens": 2})
+    assert resp.status_code == 500
+    assert resp.json()["error"]["type"] == "InternalServerError"
+    long = {"prompt": "t5", "max_tokens": 500, "ignore_eos": True}
+    _, errors = _streamed(http, "/v1/completions", long)
+    assert [e["code"] for e in errors] == [500]
+    live.engine.run_locked(assert_all_free)        # the failed stream's request was aborted
+    monkeypatch.undo()
+    assert http.post("/v1/completions", json={"prompt": "t5", "max_tokens": 2}).status_code \
+        == 200
