@@ -1,9 +1,11 @@
-"""The kernel launch ABI: which kernels a spec has and each one's positional arguments.
+"""The kernel launch ABI: which kernels a spec has and each one's named arguments.
 
 This is the contract between the generated launch wrappers and a backend. Argument
-order is: inputs, metadata, pools, weights, scalars, outputs. Per-rank arguments carry a
-leading `ranks` dimension (one SPMD launch drives every rank of the replica); pools are a
-sequence over ranks of that rank's tensor, so each shard may live on its own device.
+order is: inputs, metadata, pools, weights, scalars, outputs. Every tensor argument but
+the weights carries a leading `ranks` dimension: one SPMD launch drives the ranks a
+wrapper was built for (all of the replica's ranks in one process, or one rank per worker).
+A pool is one tensor [ranks, layers, blocks + 1, rows, width] whose last block is the
+scratch page: -1 block-table entries and padded rows read and write there.
 """
 from __future__ import annotations
 
@@ -13,17 +15,17 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from codegen.plan import Plan, PoolPlan
 
-# Columns of a rank's int64 MTP slot table [mtp_slots, len(MTP_SLOT_FIELDS)].
+# Columns of a rank's int64 MTP slot table [slots + 1, len(MTP_SLOT_FIELDS)].
 MTP_SLOT_FIELDS = ("tail_token", "tail_pos", "committed", "generation")
 
 
 @dataclass(frozen=True)
 class ArgPlan:
-    """One positional argument of a kernel.
+    """One argument of a kernel.
 
     role:     input | metadata | pool | weight | scalar | output
-    shape:    ints, "extent" for the dynamic prefill extent, "blocks" for a pool's
-              runtime block count; a per_rank argument gives one rank's tensor shape
+    shape:    ints, "ranks" for the ranks the wrapper drives, "extent" for the dynamic
+              prefill extent, "blocks" for a pool's runtime block count (+1 scratch)
     staged:   host data is copied into a buffer the wrapper allocates once and reuses
     """
 
@@ -33,7 +35,6 @@ class ArgPlan:
     shape: tuple[int | str, ...]
     expr: str
     doc: str
-    per_rank: bool = False
     staged: bool = False
 
 
@@ -76,17 +77,18 @@ def _staged(name: str, role: str, dtype: str, shape: tuple, expr: str, doc: str)
 
 def _block_tables(plan: Plan, rows: int, rows_sym: str) -> list[ArgPlan]:
     return [
-        _staged(f"block_table_{p.name}", "metadata", "int32", (plan.ranks, rows, p.table_width),
+        _staged(f"block_table_{p.name}", "metadata", "int32", ("ranks", rows, p.table_width),
                 f"[ranks, {rows_sym}, {p.table_width}]",
-                f"rank-local {p.name} block ids per row; -1 past the last block")
+                f"rank-local {p.name} block ids per row; -1 (the scratch page) past the last "
+                "block")
         for p in plan.pools
     ]
 
 
 def _pool_arg(p: PoolPlan) -> ArgPlan:
     return ArgPlan(f"pool_{p.name}", "pool", p.dtype,
-                   (len(p.layers), "blocks", p.rows_per_page, p.row_width),
-                   "per rank: [layers, blocks, rows, width]", p.doc, per_rank=True)
+                   ("ranks", len(p.layers), "blocks", p.rows_per_page, p.row_width),
+                   "[ranks, layers, blocks + 1, rows, width]", p.doc)
 
 
 def _model_args(plan: Plan, rows: int, rows_sym: str,
@@ -106,7 +108,7 @@ def _hidden_shape(plan: Plan) -> tuple[int, int]:
 
 
 def _prefill_main(plan: Plan, has_mtp: bool) -> KernelPlan:
-    R, S, W = plan.ranks, plan.slots_per_rank, plan.mtp_window
+    R, S, W = "ranks", plan.slots_per_rank, plan.mtp_window
     args = [
         _staged("token_ids", "input", "int64", (R, S, "extent"), "[ranks, slots, extent]",
                 "chunk tokens per slot, padded to the extent"),
@@ -131,7 +133,7 @@ def _prefill_main(plan: Plan, has_mtp: bool) -> KernelPlan:
 
 
 def _prefill_mtp(plan: Plan) -> KernelPlan:
-    R, S, W = plan.ranks, plan.slots_per_rank, plan.mtp_window
+    R, S, W = "ranks", plan.slots_per_rank, plan.mtp_window
     ori = next(p for p in plan.pools if p.name == "ori")
     args = (
         ArgPlan("mtp_hidden", "input", plan.dtype, (R, S, W, *_hidden_shape(plan)),
@@ -152,8 +154,14 @@ def _prefill_mtp(plan: Plan) -> KernelPlan:
     return KernelPlan("prefill_mtp", "prefill_mtp", "PrefillMtp", doc, S, None, None, False, args)
 
 
+def _context() -> ArgPlan:
+    return ArgPlan("context", "scalar", None, (), "int",
+                   "positions the longest row reaches (its position + seq): the decode graph "
+                   "of the smallest context bucket holding it serves the launch")
+
+
 def _decode(plan: Plan, k: int, batch: int, seq: int, name: str) -> KernelPlan:
-    R = plan.ranks
+    R = "ranks"
     args = (
         _staged("token_ids", "input", "int64", (R, batch, seq), "[ranks, batch, seq]",
                 "input tokens per row"),
@@ -162,6 +170,7 @@ def _decode(plan: Plan, k: int, batch: int, seq: int, name: str) -> KernelPlan:
         _staged("row_lens", "metadata", "int32", (R, batch), "[ranks, batch]",
                 f"tokens per row: {seq}, or 0 for an empty row"),
         *_model_args(plan, batch, "batch"),
+        _context(),
         ArgPlan("logits", "output", "float32", (R, batch, seq, plan.vocab_size),
                 "[ranks, batch, seq, vocab]", "logits of every row token"),
     )
@@ -170,7 +179,7 @@ def _decode(plan: Plan, k: int, batch: int, seq: int, name: str) -> KernelPlan:
 
 
 def _decode_mtp(plan: Plan, k: int, batch: int, seq: int, name: str) -> KernelPlan:
-    R, N = plan.ranks, plan.mtp_slots_per_rank
+    R, N = "ranks", plan.request_slots_per_rank + 1
     hidden = _hidden_shape(plan)
     args = (
         _staged("slot_ids", "metadata", "int32", (R, batch), "[ranks, batch]",
@@ -178,13 +187,14 @@ def _decode_mtp(plan: Plan, k: int, batch: int, seq: int, name: str) -> KernelPl
         _staged("slot_gens", "metadata", "int64", (R, batch), "[ranks, batch]",
                 "expected slot generation; a row whose slot moved on is left untouched"),
         *_model_args(plan, batch, "batch", extra_pools=(
-        ArgPlan("mtp_slots", "pool", "int64", (N, len(MTP_SLOT_FIELDS)),
-                f"per rank: [mtp_slots, {len(MTP_SLOT_FIELDS)}]",
-                "per slot: " + ", ".join(MTP_SLOT_FIELDS), per_rank=True),
-        ArgPlan("mtp_slot_hidden", "pool", plan.dtype, (N, *hidden),
-                "per rank: [mtp_slots, hc_mult, hidden]",
-                "per slot: pre-hc_head streams of the row before the tail token", per_rank=True),
+        ArgPlan("mtp_slots", "pool", "int64", (R, N, len(MTP_SLOT_FIELDS)),
+                f"[ranks, slots + 1, {len(MTP_SLOT_FIELDS)}]",
+                "per slot: " + ", ".join(MTP_SLOT_FIELDS) + "; the last slot is scratch"),
+        ArgPlan("mtp_slot_hidden", "pool", plan.dtype, (R, N, *hidden),
+                "[ranks, slots + 1, hc_mult, hidden]",
+                "per slot: pre-hc_head streams of the row before the tail token"),
         )),
+        _context(),
         ArgPlan("logits", "output", "float32", (R, batch, seq, plan.vocab_size),
                 "[ranks, batch, seq, vocab]", "main-model logits of rows [tail, drafts...]"),
         ArgPlan("hidden", "output", plan.dtype, (R, batch, seq, *hidden),

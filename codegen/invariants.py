@@ -145,7 +145,27 @@ def _rows_per_page(name: str, ratio: int, span: int | None, rows: int,
         yield (at, f"{rows} must be block_size/{ratio} = {block_size // ratio}")
 
 
+def _context_buckets(spec: Spec) -> Iterator[Problem]:
+    buckets, lim, m = spec.decode.context_buckets, spec.limits, spec.model
+    block = spec.pools.block_size
+    at = ("decode", "context_buckets")
+    for i, bucket in enumerate(buckets):
+        if i and bucket <= buckets[i - 1]:
+            yield (at + (i,), f"{bucket} must exceed the bucket before it ({buckets[i - 1]})")
+        elif bucket % block:
+            yield (at + (i,), f"{bucket} must be a multiple of pools.block_size {block}")
+        elif 4 in m.compress_ratios and bucket // 4 < m.index_topk:
+            yield (at + (i,), f"{bucket} holds {bucket // 4} CSA entries, fewer than "
+                              f"index_topk {m.index_topk}; the smallest bucket is "
+                              f"{4 * m.index_topk}")
+    if buckets[-1] != lim.max_model_len:
+        yield (at + (len(buckets) - 1,),
+               f"the last bucket must be limits.max_model_len {lim.max_model_len}, "
+               f"not {buckets[-1]}")
+
+
 def _limits(spec: Spec) -> Iterator[Problem]:
+    yield from _context_buckets(spec)
     lim, d, m, t = spec.limits, spec.decode, spec.model, spec.topology
     if lim.max_model_len > m.max_position_embeddings:
         yield (("limits", "max_model_len"),

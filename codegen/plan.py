@@ -68,7 +68,9 @@ class Plan:
     layouts: tuple[LayoutPlan, ...]
     default_k: int
     micro_batches: int
-    mtp_slots_per_rank: int
+    context_buckets: tuple[int, ...]
+    request_slots_per_rank: int
+    has_mtp: bool
     limits: tuple[tuple[str, int], ...]
     pools: tuple[PoolPlan, ...]
     kernels: tuple[KernelPlan, ...]
@@ -91,8 +93,8 @@ def build_plan(spec: Spec, spec_path: str, spec_stem: str) -> Plan:
     pools = tuple(_pool_plan(spec, role, kinds) for role in ROLES)
     layouts = tuple(_layout_plan(layout)
                     for layout in sorted(spec.decode.layouts, key=lambda lay: lay.k))
-    mtp_slots = max((lay.batch * spec.decode.micro_batches for lay in layouts if lay.k > 0),
-                    default=0)
+    # one device-state slot per running request of a rank, under the widest layout
+    request_slots = max(lay.batch * spec.decode.micro_batches for lay in layouts)
     model_items = tuple(sorted(m.model_dump(mode="json").items()))
     plan = Plan(
         spec_name=spec_stem,
@@ -113,7 +115,9 @@ def build_plan(spec: Spec, spec_path: str, spec_stem: str) -> Plan:
         layouts=layouts,
         default_k=spec.decode.default_num_speculative_tokens,
         micro_batches=spec.decode.micro_batches,
-        mtp_slots_per_rank=mtp_slots,
+        context_buckets=tuple(spec.decode.context_buckets),
+        request_slots_per_rank=request_slots,
+        has_mtp=m.num_nextn_predict_layers > 0,
         limits=tuple(spec.limits.model_dump(mode="json").items()),
         pools=pools,
         kernels=(),

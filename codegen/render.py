@@ -74,14 +74,22 @@ def _arg_shape(shape: tuple) -> str:
     return _py(tuple(None if isinstance(d, str) else d for d in shape))
 
 
+_BUF_DIMS = {"extent": "MAX_EXTENT", "ranks": "self.ranks"}
+
+
 def _buf_shape(shape: tuple) -> str:
-    return _py(tuple("MAX_EXTENT" if d == "extent" else d for d in shape)).replace('"', "")
+    return _py(tuple(_BUF_DIMS.get(d, d) for d in shape)).replace('"', "")
 
 
-def _pool_source(arg: ArgPlan) -> str:
+def _source(arg: ArgPlan) -> str:
+    """Where marshal() takes a passed-through tensor from: its keyword, or a pool field."""
     if arg.name.startswith("pool_"):
         return "pools." + arg.name.removeprefix("pool_")
-    return {"mtp_slots": "mtp.slots", "mtp_slot_hidden": "mtp.hidden"}[arg.name]
+    return {"mtp_slots": "mtp.slots", "mtp_slot_hidden": "mtp.hidden"}.get(arg.name, arg.name)
+
+
+def _arg_type(arg: ArgPlan) -> str:
+    return {"weight": "object", "scalar": "int"}.get(arg.role, "torch.Tensor")
 
 
 def _helpers(kernel: KernelPlan) -> list[str]:
@@ -90,10 +98,8 @@ def _helpers(kernel: KernelPlan) -> list[str]:
     for arg in kernel.args:
         if arg.staged:
             used.add("stage")
-        elif arg.role == "input":
+        elif arg.role in ("input", "pool"):
             used.add("check_tensor")
-        elif arg.role == "pool":
-            used.add("check_per_rank")
     if kernel.dynamic_extent:
         used.add("check_extent")
     return sorted(used)
@@ -109,8 +115,8 @@ def environment() -> jinja2.Environment:
         autoescape=False,
     )
     env.filters.update(py=_py, torch_dtype=_torch_dtype, arg_shape=_arg_shape,
-                       buf_shape=_buf_shape, pool_source=_pool_source, call=_call, imports=_import,
-                       packed=_packed)
+                       buf_shape=_buf_shape, source=_source, arg_type=_arg_type, call=_call,
+                       imports=_import, packed=_packed)
     return env
 
 

@@ -101,6 +101,10 @@ class DecodeSection(_Strict):
     default_num_speculative_tokens: int = Field(ge=0)
     micro_batches: PositiveInt
     layouts: list[DecodeLayout] = Field(min_length=1)
+    # Context lengths the compiled graphs are specialized for (ascending, the last is
+    # limits.max_model_len): a launch runs the graph of the smallest bucket its longest
+    # row fits, reading that bucket's compressed entries and no more.
+    context_buckets: list[PositiveInt] = Field(min_length=1)
 
 
 class PoolGroup(_Strict):

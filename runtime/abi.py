@@ -6,6 +6,7 @@ spec and every kernel. Nothing here knows a spec.
 """
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,11 +24,11 @@ class ABIError(ValueError):
 
 @dataclass(frozen=True)
 class Arg:
-    """One positional argument of a kernel launch.
+    """One argument of a kernel launch.
 
     role:   input | metadata | pool | weight | scalar | output
-    shape:  one rank's shape for per_rank arguments, else the whole tensor's; None
-            marks a dimension fixed at run time (a pool's block count, the extent)
+    shape:  None marks a dimension fixed at run time (the ranks a wrapper drives, a
+            pool's block count, the extent)
     expr:   the symbolic shape, for messages and docs
     """
 
@@ -36,12 +37,12 @@ class Arg:
     dtype: torch.dtype | None
     shape: tuple[int | None, ...]
     expr: str
-    per_rank: bool = False
 
 
 @dataclass(frozen=True)
 class PoolGroup:
-    """One pool group of a spec; per rank a tensor [layers, blocks, rows_per_page, row_width].
+    """One pool group of a spec: a tensor [ranks, layers, blocks + 1, rows_per_page,
+    row_width] whose last block is the scratch page.
 
     Scheduler block b of the group owns page b in every layer of `layers`.
     """
@@ -68,7 +69,8 @@ class PoolGroup:
 @dataclass(frozen=True)
 class KernelABI:
     """What a backend needs to dispatch and check a launch: the kernel's kind, its
-    positional arguments, the spec's pool-group geometry and the prefill tile."""
+    arguments, the spec's pool-group geometry, the prefill tile, the context buckets
+    and (fused decode + MTP) the columns of the MTP slot table."""
 
     spec: str
     name: str
@@ -76,6 +78,16 @@ class KernelABI:
     args: tuple[Arg, ...]
     groups: Mapping[str, PoolGroup]
     tile: int
+    context_buckets: tuple[int, ...] = ()
+    mtp_field: type[enum.IntEnum] | None = None
+
+    def context_bucket(self, length: int) -> int:
+        """The smallest context bucket holding `length` positions."""
+        for bucket in self.context_buckets:
+            if length <= bucket:
+                return bucket
+        raise ABIError(f"{self.name}: a context of {length} positions exceeds the largest "
+                       f"bucket {self.context_buckets[-1]}")
 
 
 @dataclass(frozen=True)
@@ -131,20 +143,6 @@ def check_tensor(value: Any, arg: Arg, shape: Sequence[int | None],
     if value.device != device:
         raise ABIError(f"{arg.name}: on {value.device}, the launch runs on {device}")
     return value
-
-
-def check_per_rank(value: Any, arg: Arg, ranks: int) -> tuple[torch.Tensor, ...]:
-    """A rank-sharded argument: one tensor per rank, each of the per-rank shape."""
-    if not isinstance(value, (tuple, list)) or len(value) != ranks:
-        raise ABIError(f"{arg.name}: expected {ranks} per-rank tensors {arg.expr}")
-    for rank, shard in enumerate(value):
-        if not isinstance(shard, torch.Tensor) or shard.dtype != arg.dtype \
-                or not fits(shard.shape, arg.shape):
-            got = (f"{shard.dtype} {tuple(shard.shape)}" if isinstance(shard, torch.Tensor)
-                   else type(shard).__name__)
-            raise ABIError(f"{arg.name}[rank {rank}]: got {got}, expected {arg.dtype} "
-                           f"{fmt_shape(arg.shape)}")
-    return tuple(value)
 
 
 def check_extent(extent: Any, tile: int, max_extent: int) -> int:

@@ -95,7 +95,7 @@ class Engine:
                               f"than one request of max_model_len {limits.max_model_len}; "
                               "raise --kv-cache-memory or lower --max-model-len")
         c = spec.contract
-        slots = SlotTable(c.RANKS, c.MTP_SLOTS_PER_RANK) if self.k else None
+        slots = SlotTable(c.RANKS, c.REQUEST_SLOTS_PER_RANK)
         self.scheduler = Scheduler(limits, BlockPool(self.capacity.blocks, spec.contract.RANKS),
                                    {g: grp.blocks_for for g, grp in spec.pools.GROUPS.items()},
                                    slots)

@@ -74,10 +74,10 @@ class ModelRunner:
     def _clear(self, out: SchedulerOutput) -> None:
         """Targeted writes: a page or slot handed to a new owner starts zeroed."""
         for (rank, group), ids in out.fresh_blocks.items():
-            getattr(self.pools, group)[rank][:, torch.tensor(ids, device=self.device)] = 0
-        for rank, slot in out.fresh_slots:
-            self.mtp.slots[rank][slot] = 0
-            self.mtp.hidden[rank][slot] = 0
+            getattr(self.pools, group)[rank, :, torch.tensor(ids, device=self.device)] = 0
+        for rank, slot in out.fresh_slots if self.mtp else ():
+            self.mtp.slots[rank, slot] = 0
+            self.mtp.hidden[rank, slot] = 0
 
     def _launch(self, wrapper, name: str, **kwargs):
         t0 = time.perf_counter()
@@ -110,7 +110,10 @@ class ModelRunner:
             rows.append((request.rank, per_rank[request.rank], request))
             per_rank[request.rank] += 1
         batch = self.spec.contract.DECODE_LAYOUTS[self.k].batch
-        common = dict(pools=self.pools, weights=self.params, **self._tables(rows, batch))
+        # the last position a row reaches is its tail's + k (the drafts)
+        context = max(request.num_tokens + self.k for request in launch)
+        common = dict(pools=self.pools, weights=self.params, context=context,
+                      **self._tables(rows, batch))
         if self.k:
             return self._decode_mtp(rows, batch, common)
         shape = (self.spec.contract.RANKS, batch)
@@ -152,9 +155,11 @@ class ModelRunner:
     def _set_slot(self, request: Request, tail: int, tail_pos: int, hidden: torch.Tensor) -> None:
         """The slot's state for the next fused decode: tail token and position, committed
         count, generation, and the streams of the row before the tail."""
-        values = torch.tensor([tail, tail_pos, tail_pos + 1, request.slot_generation])
-        self.mtp.slots[request.rank][request.slot] = values
-        self.mtp.hidden[request.rank][request.slot] = hidden
+        field = self.spec.pools.MtpField
+        row = self.mtp.slots[request.rank, request.slot]
+        row[field.TAIL_TOKEN], row[field.TAIL_POS] = tail, tail_pos
+        row[field.COMMITTED], row[field.GENERATION] = tail_pos + 1, request.slot_generation
+        self.mtp.hidden[request.rank, request.slot] = hidden
 
     # -- prefill ---------------------------------------------------------------------
 

@@ -29,7 +29,10 @@ DECODE_LAYOUTS: dict[int, DecodeLayout] = {
 }
 DEFAULT_NUM_SPECULATIVE_TOKENS = 1
 DECODE_MICRO_BATCHES = 2  # decode launches per rank per step, at most
-MTP_SLOTS_PER_RANK = 8  # MTP device-state slots: every running request of a rank
+REQUEST_SLOTS_PER_RANK = 16  # device-state slots: every running request of a rank
+
+# Context lengths the compiled graphs are specialized for; the last is MAX_MODEL_LEN.
+CONTEXT_BUCKETS = (1024, 4096, 16384)
 
 # Limits in force unless the command line lowers them.
 MAX_NUM_BATCHED_TOKENS = 8192
@@ -58,3 +61,12 @@ def dispatch_extent(chunk_len: int) -> int:
     if not 0 < chunk_len <= MAX_EXTENT:
         raise ValueError(f"chunk of {chunk_len} tokens; one dispatch takes 1..{MAX_EXTENT}")
     return -(-chunk_len // TILE) * TILE
+
+
+def context_bucket(length: int) -> int:
+    """The smallest context bucket holding `length` positions."""
+    for bucket in CONTEXT_BUCKETS:
+        if length <= bucket:
+            return bucket
+    raise ValueError(f"a context of {length} positions exceeds the largest bucket "
+                     f"{CONTEXT_BUCKETS[-1]} of spec specs/tiny.yaml")

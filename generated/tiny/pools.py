@@ -1,8 +1,8 @@
 # @generated from specs/tiny.yaml by codegen — do not edit
-"""Pool groups of spec `tiny` and the allocator of their rank-sharded tensors.
+"""Pool groups of spec `tiny` and the allocator of their stacked tensors.
 
-Per rank, group g is one tensor [layers, blocks, rows_per_page, row_width]; scheduler
-block b of g owns page b in every layer of g. Block ids are rank-local and owned by the
+Group g is one tensor [ranks, layers, blocks + 1, rows_per_page, row_width]; scheduler
+block b of g owns page b in every layer of g; the last block is the scratch page. Block ids are rank-local and owned by the
 scheduler. Ring groups address position p at page (p // rows_per_page) % ring_pages of
 the request's ring; full groups keep every compressed entry.
 
@@ -17,6 +17,7 @@ the request's ring; full groups keep every compressed entry.
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import torch
@@ -180,81 +181,83 @@ GROUPS: dict[str, PoolGroup] = {
 
 @dataclass(frozen=True)
 class Pools:
-    """Every group's tensors: per group a tuple over ranks of [layers, blocks, rows, width]."""
+    """Every group as one tensor [ranks, layers, blocks + 1, rows_per_page, row_width].
 
-    ori: tuple[torch.Tensor, ...]
-    cmp_c128: tuple[torch.Tensor, ...]
-    cmp_c4: tuple[torch.Tensor, ...]
-    idx: tuple[torch.Tensor, ...]
-    hca_state: tuple[torch.Tensor, ...]
-    csa_state: tuple[torch.Tensor, ...]
-    csa_inner_state: tuple[torch.Tensor, ...]
+    Block `blocks` (the last) of every group is the scratch page: -1 block-table
+    entries and padded rows read and write there, so no launch needs a branch. The
+    scheduler never hands it out; what it holds is never read as anyone's data.
+    """
+
+    ori: torch.Tensor
+    cmp_c128: torch.Tensor
+    cmp_c4: torch.Tensor
+    idx: torch.Tensor
+    hca_state: torch.Tensor
+    csa_state: torch.Tensor
+    csa_inner_state: torch.Tensor
 
 
-def allocate(blocks: dict[str, int], device: str | torch.device = "cpu") -> Pools:
-    """Allocate `blocks[g]` zeroed pages of every group g on every rank."""
+def allocate(blocks: dict[str, int], device: str | torch.device = "cpu",
+             ranks: int = RANKS) -> Pools:
+    """Allocate `blocks[g]` zeroed pages (and the scratch page) of every group g on each of
+    `ranks` ranks."""
     missing = sorted(set(GROUPS) - set(blocks))
     if missing:
         raise ValueError(f"no block count for pool groups {missing}")
     return Pools(
-        ori=tuple(
-            torch.zeros((5, blocks["ori"], 128, 128), dtype=torch.float32, device=device)
-            for _ in range(RANKS)
+        ori=torch.zeros(
+            (ranks, 5, blocks["ori"] + 1, 128, 128), dtype=torch.float32, device=device,
         ),
-        cmp_c128=tuple(
-            torch.zeros((1, blocks["cmp_c128"], 1, 128), dtype=torch.float32, device=device)
-            for _ in range(RANKS)
+        cmp_c128=torch.zeros(
+            (ranks, 1, blocks["cmp_c128"] + 1, 1, 128), dtype=torch.float32, device=device,
         ),
-        cmp_c4=tuple(
-            torch.zeros((2, blocks["cmp_c4"], 32, 128), dtype=torch.float32, device=device)
-            for _ in range(RANKS)
+        cmp_c4=torch.zeros(
+            (ranks, 2, blocks["cmp_c4"] + 1, 32, 128), dtype=torch.float32, device=device,
         ),
-        idx=tuple(
-            torch.zeros((2, blocks["idx"], 32, 64), dtype=torch.float32, device=device)
-            for _ in range(RANKS)
+        idx=torch.zeros((ranks, 2, blocks["idx"] + 1, 32, 64), dtype=torch.float32, device=device),
+        hca_state=torch.zeros(
+            (ranks, 1, blocks["hca_state"] + 1, 8, 256), dtype=torch.float32, device=device,
         ),
-        hca_state=tuple(
-            torch.zeros((1, blocks["hca_state"], 8, 256), dtype=torch.float32, device=device)
-            for _ in range(RANKS)
+        csa_state=torch.zeros(
+            (ranks, 2, blocks["csa_state"] + 1, 4, 512), dtype=torch.float32, device=device,
         ),
-        csa_state=tuple(
-            torch.zeros((2, blocks["csa_state"], 4, 512), dtype=torch.float32, device=device)
-            for _ in range(RANKS)
-        ),
-        csa_inner_state=tuple(
-            torch.zeros((2, blocks["csa_inner_state"], 4, 256), dtype=torch.float32, device=device)
-            for _ in range(RANKS)
+        csa_inner_state=torch.zeros(
+            (ranks, 2, blocks["csa_inner_state"] + 1, 4, 256), dtype=torch.float32, device=device,
         ),
     )
 
 
 def bytes_per_rank(blocks: dict[str, int]) -> int:
-    """Bytes one rank's pools take for these block counts."""
+    """Bytes one rank's pools take for these block counts (the scratch page aside)."""
     return sum(GROUPS[g].block_bytes * n for g, n in blocks.items())
 
 
-MTP_SLOTS_PER_RANK = 8
-MTP_SLOT_FIELDS = ("tail_token", "tail_pos", "committed", "generation")
+# Device-state slots per rank: one per running request (its MTP state, its sampling
+# state); slot REQUEST_SLOTS_PER_RANK (the last) is scratch for padded rows.
+REQUEST_SLOTS_PER_RANK = 16
+
+
+class MtpField(enum.IntEnum):
+    """Columns of the int64 MTP slot table."""
+
+    TAIL_TOKEN = 0
+    TAIL_POS = 1
+    COMMITTED = 2
+    GENERATION = 3
 
 
 @dataclass(frozen=True)
 class MtpState:
-    """MTP device-state slots, per rank: an int64 table [slots, fields] and the hidden
-    streams [slots, hc_mult, hidden] of the row before each slot's tail token."""
+    """MTP device state: `slots` [ranks, slots + 1, len(MtpField)] int64 and `hidden`
+    [ranks, slots + 1, hc_mult, hidden], the streams of the row before each slot's tail."""
 
-    slots: tuple[torch.Tensor, ...]
-    hidden: tuple[torch.Tensor, ...]
+    slots: torch.Tensor
+    hidden: torch.Tensor
 
 
-def allocate_mtp_state(device: str | torch.device = "cpu") -> MtpState:
-    """Zeroed MTP slots on every rank; generation 0 belongs to no request."""
+def allocate_mtp_state(device: str | torch.device = "cpu", ranks: int = RANKS) -> MtpState:
+    """Zeroed MTP slots on each of `ranks` ranks; generation 0 belongs to no request."""
     return MtpState(
-        slots=tuple(
-            torch.zeros((8, 4), dtype=torch.int64, device=device)
-            for _ in range(RANKS)
-        ),
-        hidden=tuple(
-            torch.zeros((8, 4, 256), dtype=torch.float32, device=device)
-            for _ in range(RANKS)
-        ),
+        slots=torch.zeros((ranks, 17, len(MtpField)), dtype=torch.int64, device=device),
+        hidden=torch.zeros((ranks, 17, 4, 256), dtype=torch.float32, device=device),
     )

@@ -21,12 +21,13 @@ class DryRunBackend:
     def __init__(self) -> None:
         self.launches: dict[str, int] = {}
 
-    def launch(self, kernel: KernelABI, args: tuple) -> None:
-        if len(args) != len(kernel.args):
-            raise ABIError(f"{kernel.name}: {len(args)} arguments, ABI has {len(kernel.args)}")
-        named = dict(zip((a.name for a in kernel.args), args))
-        for arg, value in zip(kernel.args, args):
-            _check_arg(kernel.name, arg, value)
+    def launch(self, kernel: KernelABI, args) -> None:
+        named = args._asdict()
+        missing = [a.name for a in kernel.args if a.name not in named]
+        if missing:
+            raise ABIError(f"{kernel.name}: no argument {missing[0]!r}")
+        for arg in kernel.args:
+            _check_arg(kernel.name, arg, named[arg.name])
         _check_block_ids(kernel, named)
         _check_row_lens(kernel, named)
         self.launches[kernel.name] = self.launches.get(kernel.name, 0) + 1
@@ -35,25 +36,20 @@ class DryRunBackend:
 def _check_arg(kernel: str, arg: Arg, value: object) -> None:
     if arg.role in ("weight", "scalar"):
         return
-    shards = value if arg.per_rank else (value,)
-    for shard in shards:
-        if not isinstance(shard, torch.Tensor) or shard.dtype != arg.dtype \
-                or not fits(shard.shape, arg.shape):
-            raise ABIError(f"{kernel}: argument {arg.name} does not match "
-                           f"{arg.dtype} {fmt_shape(arg.shape)}")
+    if not isinstance(value, torch.Tensor) or value.dtype != arg.dtype \
+            or not fits(value.shape, arg.shape):
+        raise ABIError(f"{kernel}: argument {arg.name} does not match "
+                       f"{arg.dtype} {fmt_shape(arg.shape)}")
 
 
 def _check_block_ids(kernel: KernelABI, named: dict[str, object]) -> None:
-    """Every block id is -1 (unused) or names a page of that rank's pool."""
+    """Every block id is -1 (the scratch page) or names one of the pool's real pages."""
     for name, table in named.items():
         if not name.startswith("block_table_"):
             continue
-        pool = named.get("pool_" + name.removeprefix("block_table_"))
-        for rank, shard in enumerate(pool):
-            ids = table[rank]
-            if ids.numel() and (int(ids.min()) < -1 or int(ids.max()) >= shard.shape[1]):
-                raise ABIError(f"{kernel.name}: {name}[rank {rank}] holds ids outside "
-                               f"[-1, {shard.shape[1]})")
+        pages = named["pool_" + name.removeprefix("block_table_")].shape[2] - 1
+        if table.numel() and (int(table.min()) < -1 or int(table.max()) >= pages):
+            raise ABIError(f"{kernel.name}: {name} holds ids outside [-1, {pages})")
 
 
 def _check_row_lens(kernel: KernelABI, named: dict[str, object]) -> None:

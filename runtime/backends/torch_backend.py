@@ -20,8 +20,8 @@ class TorchBackend:
         self._kinds = {"prefill_main": _prefill_main, "prefill_mtp": _prefill_mtp,
                        "decode": _decode, "decode_mtp": _decode_mtp}
 
-    def launch(self, kernel: KernelABI, args: tuple) -> None:
-        named = dict(zip((a.name for a in kernel.args), args))
+    def launch(self, kernel: KernelABI, args) -> None:
+        named = args._asdict()
         with torch.inference_mode():
             self._kinds[kernel.kind](kernel, named)
 
@@ -100,13 +100,14 @@ def _decode_mtp(kernel: KernelABI, named: dict) -> None:
     """Per row: draft K tokens with the MTP block from the slot's (hidden, tail), then run
     the main model on [tail, drafts]. Rows whose slot generation moved on are skipped."""
     params: ModelParams = named["weights"]
-    rows = _live_rows(named)
+    field = kernel.mtp_field
+    rows = _live_rows(named, field)
     if not rows:
         return
     view, k = _view(kernel, named), named["draft_ids"].shape[2]
-    tails = torch.stack([named["mtp_slots"][r][slot, 0] for r, _, slot in rows])
-    tail_pos = [int(named["mtp_slots"][r][slot, 1]) for r, _, slot in rows]
-    hidden = torch.stack([named["mtp_slot_hidden"][r][slot] for r, _, slot in rows])
+    tails = torch.stack([named["mtp_slots"][r, slot, field.TAIL_TOKEN] for r, _, slot in rows])
+    tail_pos = [int(named["mtp_slots"][r, slot, field.TAIL_POS]) for r, _, slot in rows]
+    hidden = torch.stack([named["mtp_slot_hidden"][r, slot] for r, _, slot in rows])
     drafts = _draft(params, kernel, view, rows, tails, tail_pos, hidden, k)
     segments = [Segment(r, b, pos, k + 1, i * (k + 1))
                 for i, ((r, b, _), pos) in enumerate(zip(rows, tail_pos))]
@@ -119,12 +120,12 @@ def _decode_mtp(kernel: KernelABI, named: dict) -> None:
         named["draft_ids"][r, b] = drafts[i]
 
 
-def _live_rows(named: dict) -> list[tuple[int, int, int]]:
+def _live_rows(named: dict, field) -> list[tuple[int, int, int]]:
     """(rank, row, slot) of rows whose slot still belongs to the expected generation."""
     live = []
     for r, b in torch.nonzero(named["slot_ids"] >= 0).tolist():
         slot = int(named["slot_ids"][r, b])
-        if int(named["mtp_slots"][r][slot, 3]) == int(named["slot_gens"][r, b]):
+        if int(named["mtp_slots"][r, slot, field.GENERATION]) == int(named["slot_gens"][r, b]):
             live.append((r, b, slot))
     return live
 

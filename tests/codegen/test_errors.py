@@ -146,3 +146,26 @@ def test_every_error_is_reported_one_per_line_in_line_order(tmp_path, tiny_text)
     lines = _error(tmp_path, text).splitlines()
     assert [line.split(": ")[1] for line in lines] == ["model.hiden_size", "prefill.tile"]
     assert lines == sorted(lines, key=lambda line: int(line.split(":")[1]))
+
+
+BUCKETS = "  context_buckets: [1024, 4096, 16384]"
+
+
+@pytest.mark.parametrize(("buckets", "field", "message"), [
+    ("[1024, 1024, 16384]", "decode.context_buckets[1]",
+     "1024 must exceed the bucket before it (1024)"),
+    ("[1000, 4096, 16384]", "decode.context_buckets[0]",
+     "1000 must be a multiple of pools.block_size 128"),
+    ("[1024, 4096, 8192]", "decode.context_buckets[2]",
+     "the last bucket must be limits.max_model_len 16384, not 8192"),
+    ("[]", "decode.context_buckets", "List should have at least 1 item after validation, not 0"),
+])
+def test_context_buckets_ascend_to_max_model_len(tmp_path, tiny_text, buckets, field, message):
+    _check(tmp_path, tiny_text, BUCKETS, f"  context_buckets: {buckets}", "context_buckets",
+           field, message)
+
+
+def test_a_context_bucket_holds_index_topk_csa_entries(tmp_path, tiny_text):
+    text = replace_once(tiny_text, "  index_topk: 32", "  index_topk: 512")
+    assert "decode.context_buckets[0]: 1024 holds 256 CSA entries, fewer than index_topk " \
+        "512; the smallest bucket is 2048" in _error(tmp_path, text)

@@ -18,6 +18,7 @@ EDITS = [
     ("  slots_per_rank: 4", "  slots_per_rank: 2"),
     ("{k: 1, batch: 4, seq: 2}", "{k: 1, batch: 8, seq: 2}"),
     ("  max_model_len: 16384", "  max_model_len: 4096"),
+    ("  context_buckets: [1024, 4096, 16384]", "  context_buckets: [2048, 4096]"),
     ("  max_num_seqs: 64", "  max_num_seqs: 32"),
 ]
 
@@ -54,7 +55,12 @@ def test_contract_carries_the_new_shapes(alt):
     assert c.decode_layout(1).kernel == "decode_b8s2"
     assert sorted(alt.kernels.WRAPPERS) == ["decode_b8s1", "decode_b8s2", "prefill_main",
                                             "prefill_mtp"]
-    assert c.MTP_SLOTS_PER_RANK == 8 * 2  # batch x micro_batches
+    assert c.REQUEST_SLOTS_PER_RANK == 8 * 2  # batch x micro_batches
+    assert c.CONTEXT_BUCKETS == (2048, 4096)
+    assert (c.context_bucket(1), c.context_bucket(2049), c.context_bucket(4096)) == \
+        (2048, 4096, 4096)
+    with pytest.raises(ValueError, match="exceeds the largest bucket 4096"):
+        c.context_bucket(4097)
     assert c.effective_extent(max_num_batched_tokens=1000) == 1000
     assert c.effective_extent() == 4096
     assert c.dispatch_extent(4095) == 4096 and c.dispatch_extent(1) == 128
@@ -62,17 +68,18 @@ def test_contract_carries_the_new_shapes(alt):
         c.decode_layout(2)
 
 
-def test_pools_allocate_rank_sharded_tensors_of_the_new_shapes(alt):
+def test_pools_allocate_stacked_tensors_with_a_scratch_page(alt):
     pools = alt.pools.allocate(_blocks(alt, 6))
-    assert len(pools.ori) == 4
-    assert pools.ori[0].shape == (5, 6, 128, 128)
-    assert pools.cmp_c4[3].shape == (2, 6, 32, 128)
-    assert pools.hca_state[0].shape == (1, 6, 8, 256)
+    assert pools.ori.shape == (4, 5, 7, 128, 128)          # 6 pages + the scratch page
+    assert pools.cmp_c4.shape == (4, 2, 7, 32, 128)
+    assert pools.hca_state.shape == (4, 1, 7, 8, 256)
     assert alt.pools.GROUPS["cmp_c4"].table_width == 4096 // 4 // 32
     assert alt.pools.bytes_per_rank(_blocks(alt, 6)) == sum(
-        t[0].numel() * t[0].element_size() for t in vars(pools).values())
+        t[0, :, :-1].numel() * t.element_size() for t in vars(pools).values())
     mtp = alt.pools.allocate_mtp_state()
-    assert mtp.slots[0].shape == (16, 4) and mtp.hidden[0].shape == (16, 4, 256)
+    assert mtp.slots.shape == (4, 17, 4) and mtp.hidden.shape == (4, 17, 4, 256)
+    assert [f.name for f in alt.pools.MtpField] == ["TAIL_TOKEN", "TAIL_POS", "COMMITTED",
+                                                    "GENERATION"]
 
 
 def test_prefill_main_marshals_a_dynamic_extent(alt):
@@ -82,12 +89,11 @@ def test_prefill_main_marshals_a_dynamic_extent(alt):
     args = wrapper.marshal(token_ids=tokens, start_pos=np.zeros((4, 2), np.int32),
                            chunk_lens=np.full((4, 2), 300, np.int32), pools=pools,
                            weights=weights, extent=384, **_tables(alt, 4, 2))
-    names = [a.name for a in alt.kernels.prefill_main.ARGS]
-    assert len(args) == len(names)
-    assert args[names.index("token_ids")].shape == (4, 2, 384)
-    assert torch.equal(args[0], torch.from_numpy(tokens))
-    assert args[names.index("extent")] == 384
-    assert args[names.index("pool_ori")] is pools.ori
+    assert args._fields[:-1] == tuple(a.name for a in alt.kernels.prefill_main.ARGS)
+    assert args.token_ids.shape == (4, 2, 384)
+    assert torch.equal(args.token_ids, torch.from_numpy(tokens))
+    assert args.extent == 384
+    assert args.pool_ori is pools.ori
     out = wrapper.launch(token_ids=tokens, start_pos=np.zeros((4, 2), np.int32),
                          chunk_lens=np.full((4, 2), 300, np.int32), pools=pools,
                          weights=weights, extent=384, **_tables(alt, 4, 2))
@@ -108,7 +114,8 @@ def test_staging_buffers_are_allocated_once_and_reused(alt):
 def _decode_kwargs(alt, **override) -> dict:
     kwargs = dict(slot_ids=np.zeros((4, 8), np.int32), slot_gens=np.ones((4, 8), np.int64),
                   pools=alt.pools.allocate(_blocks(alt)), mtp=alt.pools.allocate_mtp_state(),
-                  weights=Weights(alt.architecture.FINGERPRINT), **_tables(alt, 4, 8))
+                  weights=Weights(alt.architecture.FINGERPRINT), context=100,
+                  **_tables(alt, 4, 8))
     kwargs.update(override)
     return kwargs
 
@@ -123,7 +130,8 @@ def test_marshal_rejects_pools_of_the_wrong_rank_count(alt):
     wrapper = alt.kernels.DECODE_BY_K[1](backend="dryrun")
     pools = alt.pools.allocate(_blocks(alt))
     short = type(pools)(**{**vars(pools), "ori": pools.ori[:3]})
-    with pytest.raises(ABIError, match=r"pool_ori: expected 4 per-rank tensors"):
+    with pytest.raises(ABIError, match=r"pool_ori: shape \(3, 5, 7, 128, 128\), expected "
+                                       r"\(4, 5, \*, 128, 128\)"):
         wrapper.marshal(**_decode_kwargs(alt, pools=short))
 
 

@@ -77,7 +77,7 @@ def test_greedy_continuation_through_the_kernels(params, case):
         row_lens = np.zeros((C.RANKS, batch), np.int32)
         row_lens[3, 5] = 1
         out = decode.launch(token_ids=tok, positions=pos, row_lens=row_lens,
-                            **_weights_kwargs(driver, batch))
+                            context=len(prompt) + step + 1, **_weights_kwargs(driver, batch))
         produced.append(int(out.logits[3, 5, 0].argmax()))
     assert produced == case["greedy_ids"]
 
@@ -127,8 +127,8 @@ def test_mtp_prefill_and_fused_decode_draft_like_the_reference(params):
 
     mtp = REF.pools.allocate_mtp_state()
     slot, generation = 5, 7
-    mtp.slots[2][slot] = torch.tensor([greedy[0], n, n + 1, generation])
-    mtp.hidden[2][slot] = hidden[2, 0, window - 1]
+    _set_slot(mtp.slots[2, slot], greedy[0], n, generation)
+    mtp.hidden[2, slot] = hidden[2, 0, window - 1]
     layout = C.DECODE_LAYOUTS[1]
     fused = REF.kernels.DECODE_BY_K[1](backend="torch")
     driver.row = 3
@@ -138,9 +138,9 @@ def test_mtp_prefill_and_fused_decode_draft_like_the_reference(params):
         slot_ids[2, 3] = slot
         gens = np.zeros((C.RANKS, layout.batch), np.int64)
         gens[2, 3] = generation
-        step = fused.launch(slot_ids=slot_ids, slot_gens=gens, mtp=mtp,
+        tail_pos = int(mtp.slots[2, slot, FIELD.TAIL_POS])
+        step = fused.launch(slot_ids=slot_ids, slot_gens=gens, mtp=mtp, context=tail_pos + 2,
                             **_weights_kwargs(driver, layout.batch))
-        tail_pos = int(mtp.slots[2][slot, 1])
         draft = int(step.draft_ids[2, 3, 0])
         _assert_rows(step.logits[2, 3, :1], [case["main_top5_ids"][tail_pos - 1 + 1]],
                      [case["main_top5_logprobs"][tail_pos]])
@@ -150,24 +150,32 @@ def test_mtp_prefill_and_fused_decode_draft_like_the_reference(params):
             _assert_rows(step.logits[2, 3, 1:], [case["main_top5_ids"][tail_pos + 1]],
                          [case["main_top5_logprobs"][tail_pos + 1]])
         new_tail = tail_pos + 1 + accepted
-        mtp.slots[2][slot, :3] = torch.tensor([seq[new_tail], new_tail, new_tail + 1])
-        mtp.hidden[2][slot] = step.hidden[2, 3, accepted]
+        _set_slot(mtp.slots[2, slot], seq[new_tail], new_tail, generation)
+        mtp.hidden[2, slot] = step.hidden[2, 3, accepted]
         committed += 1 + accepted
+
+
+FIELD = REF.pools.MtpField
+
+
+def _set_slot(row: torch.Tensor, tail: int, tail_pos: int, generation: int) -> None:
+    row[FIELD.TAIL_TOKEN], row[FIELD.TAIL_POS] = tail, tail_pos
+    row[FIELD.COMMITTED], row[FIELD.GENERATION] = tail_pos + 1, generation
 
 
 def test_a_stale_generation_leaves_the_slot_and_outputs_alone(params):
     driver = Driver(params, rank=1, row=0)
     mtp = REF.pools.allocate_mtp_state()
-    mtp.slots[1][2] = torch.tensor([5, 10, 11, 4])
+    _set_slot(mtp.slots[1, 2], 5, 10, 4)
     layout = C.DECODE_LAYOUTS[1]
     slot_ids = np.full((C.RANKS, layout.batch), -1, np.int32)
     slot_ids[1, 0] = 2
     gens = np.full((C.RANKS, layout.batch), 3, np.int64)  # the slot moved on to generation 4
-    before = [t.clone() for t in driver.pools.ori]
+    before = driver.pools.ori.clone()
     fused = REF.kernels.DECODE_BY_K[1](backend="torch")
     fused.logits.fill_(7.0)
-    out = fused.launch(slot_ids=slot_ids, slot_gens=gens, mtp=mtp,
+    out = fused.launch(slot_ids=slot_ids, slot_gens=gens, mtp=mtp, context=12,
                        **_weights_kwargs(driver, layout.batch))
     assert (out.logits == 7.0).all()
-    assert all(torch.equal(a, b) for a, b in zip(before, driver.pools.ori))
-    assert mtp.slots[1][2].tolist() == [5, 10, 11, 4]
+    assert torch.equal(before, driver.pools.ori)
+    assert mtp.slots[1, 2].tolist() == [5, 10, 11, 4]

@@ -47,13 +47,15 @@ def test_wrappers_launch_through_the_registered_backend():
         name = "recorder"
 
         def launch(self, kernel, args):
-            seen.append((kernel.name, kernel.kind, len(args), len(kernel.args)))
+            seen.append((kernel.name, kernel.kind, args._fields, args.host["chunk_lens"]))
 
     register_backend("recorder", Recorder)
     assert "recorder" in supported_backends()
     tiny.kernels.PrefillMain(backend="recorder").launch(**_prefill_kwargs())
-    n_args = len(tiny.kernels.prefill_main.ARGS)
-    assert seen == [("prefill_main", "prefill_main", n_args, n_args)]
+    [(name, kind, fields, lens)] = seen
+    assert (name, kind) == ("prefill_main", "prefill_main")
+    assert fields == (*(a.name for a in tiny.kernels.prefill_main.ARGS), "host")
+    assert lens.shape == (8, 4) and (lens == 256).all()   # the host copy of the metadata
 
 
 def test_dryrun_counts_launches():
@@ -66,7 +68,7 @@ def test_dryrun_counts_launches():
 def test_dryrun_rejects_block_ids_outside_the_pool():
     kwargs = _prefill_kwargs()
     kwargs["block_table_cmp_c4"][2, 1, 0] = 4  # the pool has blocks 0..3
-    with pytest.raises(ABIError, match=r"block_table_cmp_c4\[rank 2\] holds ids outside"):
+    with pytest.raises(ABIError, match=r"block_table_cmp_c4 holds ids outside \[-1, 4\)"):
         tiny.kernels.PrefillMain(backend="dryrun").launch(**kwargs)
 
 
@@ -98,4 +100,17 @@ def test_every_decode_layout_marshals_its_own_shapes():
         assert type(wrapper).__name__ == f"DecodeB{layout.batch}S{layout.seq}"
         args = sys.modules[type(wrapper).__module__].ARGS
         assert args[-1].name == ("draft_ids" if k else "logits")
-        assert args[0].shape[:2] == (tiny.contract.RANKS, layout.batch)
+        assert args[0].shape[:2] == (None, layout.batch)       # None: the wrapper's ranks
+        assert (wrapper.slot_ids if k else wrapper.token_ids).shape[0] == tiny.contract.RANKS
+
+
+def test_a_wrapper_drives_the_ranks_it_was_built_for():
+    one = tiny.kernels.PrefillMain(backend="dryrun", ranks=1)
+    kwargs = _prefill_kwargs()
+    kwargs = {name: value[:1] if isinstance(value, np.ndarray) else value
+              for name, value in kwargs.items()}
+    kwargs["pools"] = tiny.pools.allocate({n: 4 for n in tiny.pools.GROUPS}, ranks=1)
+    args = one.marshal(**kwargs)
+    assert args.token_ids.shape == (1, 4, 256) and args.pool_ori.shape[0] == 1
+    with pytest.raises(ABIError, match="pool_ori: shape"):
+        one.marshal(**{**kwargs, "pools": tiny.pools.allocate({n: 4 for n in tiny.pools.GROUPS})})
