@@ -6,7 +6,8 @@
 
 FP8 e4m3 weights with 128x128 block scales (`X.scale`) and FP4 e2m1 expert weights
 (int8, two values per byte, low nibble first, one e8m0 scale per 32 inputs) are
-dequantized at load. Every routed expert is loaded only onto the rank that owns it.
+dequantized at load. Routed experts are stacked per layer in expert order, so expert e
+sits with the other experts of its rank e // experts_per_rank.
 A missing, extra or mis-shaped tensor, or a config.json that disagrees with the spec,
 is a CheckpointError naming the tensor or key.
 """
@@ -155,11 +156,11 @@ def load_params(directory: str | Path, spec: Any, device: str | torch.device = "
         _check_names(reader, shapes, directory)
         dense = {name: _convert(reader.load(name, shape), name, dtype, device)
                  for name, shape in shapes.items() if ".experts." not in name}
-        experts = {layer: _experts(reader, args, layer, ranks, dtype, device)
+        experts = {layer: _experts(reader, args, layer, dtype, device)
                    for layer in range(args.n_layers + args.n_mtp_layers)}
     return ModelParams(args=args, fingerprint=spec.architecture.FINGERPRINT, dense=dense,
                        experts=experts, rope=Rope.build(args, device), dtype=dtype,
-                       device=device)
+                       device=device, ranks=ranks)
 
 
 def _convert(t: torch.Tensor, name: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -170,17 +171,18 @@ def _convert(t: torch.Tensor, name: str, dtype: torch.dtype, device: torch.devic
     return t.to(device=device, dtype=torch.float32 if keep_fp32 else dtype)
 
 
-def _experts(reader: _Reader, args: ModelArgs, layer: int, ranks: int, dtype: torch.dtype,
-             device: torch.device) -> tuple[Experts, ...]:
-    per_rank = args.n_experts // ranks
+def _experts(reader: _Reader, args: ModelArgs, layer: int, dtype: torch.dtype,
+             device: torch.device) -> Experts:
+    """Every routed expert of a layer, stacked in expert order (rank by rank)."""
     prefix = args.prefix(layer) + "ffn.experts."
-    shards = []
-    for rank in range(ranks):
-        owned = range(rank * per_rank, (rank + 1) * per_rank)
-        stack = {w: torch.stack([reader.load(f"{prefix}{e}.{w}.weight", None) for e in owned])
-                 for w in ("w1", "w2", "w3")}
-        shards.append(Experts(**{w: t.to(device=device, dtype=dtype) for w, t in stack.items()}))
-    return tuple(shards)
+    stack = {}
+    for w in ("w1", "w2", "w3"):
+        first = reader.load(f"{prefix}0.{w}.weight", None)
+        out = torch.empty((args.n_experts, *first.shape), dtype=dtype, device=device)
+        for e in range(args.n_experts):   # one expert at a time: no whole-layer host copy
+            out[e] = first if e == 0 else reader.load(f"{prefix}{e}.{w}.weight", None)
+        stack[w] = out
+    return Experts(**stack)
 
 
 def _check_names(reader: _Reader, shapes: dict[str, tuple[int, ...]], directory: Path) -> None:

@@ -65,7 +65,7 @@ def attention(p: LayerParams, args: ModelArgs, layer: int, x: torch.Tensor, pos:
             keys = _keys(args, layer, seg, view, side, entries, window, window_pos, pos[t], t)
             out[t] = _attend(q[t], keys, p["attn.attn_sink"])
     out = apply_rope(out, pos, inv_freq, inverse=True)
-    return _output(p, args, out)
+    return output_projection(p, args, out)
 
 
 def _side_inputs(p: LayerParams, args: ModelArgs, layer: int, x: torch.Tensor,
@@ -74,9 +74,9 @@ def _side_inputs(p: LayerParams, args: ModelArgs, layer: int, x: torch.Tensor,
     kind, ratio = args.kind(layer), args.ratio(layer)
     if kind not in ("csa", "hca"):
         return {}
-    side = {"main": _compressor_rows(p, "attn.compressor.", x, pos, ratio)}
+    side = {"main": compressor_rows(p, "attn.compressor.", x, pos, ratio)}
     if kind == "csa":
-        side["index"] = _compressor_rows(p, "attn.indexer.compressor.", x, pos, ratio)
+        side["index"] = compressor_rows(p, "attn.indexer.compressor.", x, pos, ratio)
         iq = F.linear(qr, p["attn.indexer.wq_b.weight"])
         side["q"] = apply_rope(iq.view(x.shape[0], args.index_heads, args.index_head_dim),
                                pos, inv_freq)
@@ -85,8 +85,9 @@ def _side_inputs(p: LayerParams, args: ModelArgs, layer: int, x: torch.Tensor,
     return side
 
 
-def _compressor_rows(p: LayerParams, prefix: str, x: torch.Tensor, pos: torch.Tensor,
-                     ratio: int) -> tuple[torch.Tensor, torch.Tensor]:
+def compressor_rows(p: LayerParams, prefix: str, x: torch.Tensor, pos: torch.Tensor,
+                    ratio: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every token's compressor input: kv rows and gate scores (+ ape) [T, coff*width]."""
     kv = F.linear(x, p[prefix + "wkv.weight"])
     score = F.linear(x, p[prefix + "wgate.weight"]).float() + p[prefix + "ape"][pos % ratio]
     return kv, score
@@ -163,7 +164,7 @@ def _attend(q: torch.Tensor, keys: Keys, sink: torch.Tensor) -> torch.Tensor:
     return out.to(q.dtype)
 
 
-def _output(p: LayerParams, args: ModelArgs, o: torch.Tensor) -> torch.Tensor:
+def output_projection(p: LayerParams, args: ModelArgs, o: torch.Tensor) -> torch.Tensor:
     """Grouped output projection: per group wo_a to o_lora_rank, concat, then wo_b."""
     groups = args.o_groups
     o = o.reshape(o.shape[0], groups, -1)                                      # [T, g, H*D/g]

@@ -22,5 +22,6 @@ def block(params: ModelParams, layer: int, h: torch.Tensor, ids: torch.Tensor,
     h = hc_post(attention(p, args, layer, x, pos, segments, view, inv_freq, tile), h, post, comb)
     y, post, comb = hc_pre(h, p["hc_ffn_fn"], p["hc_ffn_base"], p["hc_ffn_scale"], *mix)
     x = rms_norm(y, p["ffn_norm.weight"], args.norm_eps)
-    out = moe(p, args, args.is_hash(layer), params.experts[layer], x, ids)
+    experts = tuple(params.rank_experts(layer, rank) for rank in range(params.ranks))
+    out = moe(p, args, args.is_hash(layer), experts, x, ids)
     return hc_post(out, h, post, comb)

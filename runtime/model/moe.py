@@ -35,7 +35,8 @@ def route(p: LayerParams, args: ModelArgs, hashed: bool, x: torch.Tensor,
 
 def routed(experts: tuple[Experts, ...], x: torch.Tensor, chosen: torch.Tensor,
            weights: torch.Tensor, limit: float) -> torch.Tensor:
-    """Dispatch each (token, expert) pair to the expert's owning rank and combine."""
+    """Dispatch each (token, expert) pair to the expert's owning rank and combine;
+    `experts` holds every rank's share, in rank order."""
     per_rank = experts[0].count
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for rank, local in enumerate(experts):
@@ -46,13 +47,13 @@ def routed(experts: tuple[Experts, ...], x: torch.Tensor, chosen: torch.Tensor,
         for e in expert.unique().tolist():
             pick = expert == e
             rows = token[pick]
-            y = _swiglu(x[rows], local.w1[e], local.w2[e], local.w3[e], limit)
+            y = swiglu(x[rows], local.w1[e], local.w2[e], local.w3[e], limit)
             out.index_add_(0, rows, y.float() * weights[rows, slot[pick], None])
     return out.to(x.dtype)
 
 
 def shared(p: LayerParams, x: torch.Tensor) -> torch.Tensor:
-    return _swiglu(x, p["ffn.shared_experts.w1.weight"], p["ffn.shared_experts.w2.weight"],
+    return swiglu(x, p["ffn.shared_experts.w1.weight"], p["ffn.shared_experts.w2.weight"],
                    p["ffn.shared_experts.w3.weight"], None)
 
 
@@ -62,9 +63,12 @@ def moe(p: LayerParams, args: ModelArgs, hashed: bool, experts: tuple[Experts, .
     return routed(experts, x, chosen, weights, args.swiglu_limit) + shared(p, x)
 
 
-def _swiglu(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor,
-            limit: float | None) -> torch.Tensor:
+def swiglu(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor,
+           limit: float | None) -> torch.Tensor:
+    """w2(silu(w1 x) * w3 x), the gate clamped above and the up projection both ways at
+    `limit` (routed experts; the shared expert passes None)."""
     gate, up = F.linear(x, w1), F.linear(x, w3)
     if limit is not None:
         gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
     return F.linear(F.silu(gate) * up, w2)
+

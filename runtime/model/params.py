@@ -1,13 +1,14 @@
-"""Loaded weights: dense tensors by official checkpoint name, routed experts per rank.
+"""Loaded weights: dense tensors by official checkpoint name, routed experts stacked.
 
 Dense tensors are replicated on every rank of the replica (attention is data parallel);
 physically one copy per device serves them all. Routed experts are expert parallel:
-`experts[layer][rank]` holds only the experts that rank owns, stacked, so expert e
-lives on rank e // experts_per_rank at index e % experts_per_rank.
+expert e lives on rank e // experts_per_rank. `experts[layer]` stacks the experts of the
+ranks this process holds (every rank in one process), and `rank_experts(layer, rank)`
+is one rank's share of them, a view.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -17,15 +18,23 @@ from runtime.model.rope import Rope
 
 @dataclass(frozen=True)
 class Experts:
-    """One rank's routed experts of a layer: w1, w3 [local, inter, dim]; w2 [local, dim, inter]."""
+    """Routed experts of a layer, stacked: w1, w3 [n, inter, dim]; w2 [n, dim, inter].
+    Index i holds global expert `first + i`."""
 
     w1: torch.Tensor
     w2: torch.Tensor
     w3: torch.Tensor
+    first: int = 0
 
     @property
     def count(self) -> int:
         return self.w1.shape[0]
+
+    def slice(self, start: int, count: int) -> Experts:
+        """Experts [start, start + count) of this stack (views)."""
+        end = start + count
+        return Experts(self.w1[start:end], self.w2[start:end], self.w3[start:end],
+                       self.first + start)
 
 
 class LayerParams:
@@ -43,14 +52,11 @@ class ModelParams:
     args: ModelArgs
     fingerprint: str          # the generated architecture fingerprint these weights match
     dense: dict[str, torch.Tensor]
-    experts: dict[int, tuple[Experts, ...]]   # layer id -> per rank
+    experts: dict[int, Experts]    # layer id -> the experts of the ranks held here
     rope: Rope
     dtype: torch.dtype
     device: torch.device
-    ranks: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.ranks = len(next(iter(self.experts.values())))
+    ranks: int                     # expert-parallel ranks of the replica
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.dense[name]
@@ -61,3 +67,8 @@ class ModelParams:
     @property
     def experts_per_rank(self) -> int:
         return self.args.n_experts // self.ranks
+
+    def rank_experts(self, layer: int, rank: int) -> Experts:
+        """The experts `rank` owns in `layer` (it must be held by this process)."""
+        per = self.experts_per_rank
+        return self.experts[layer].slice(rank * per - self.experts[layer].first, per)

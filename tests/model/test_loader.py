@@ -78,17 +78,19 @@ def test_quantized_checkpoint_loads_to_the_dequantized_values(tmp_path, tensors)
     assert torch.equal(params[name], exact)
     values = torch.tensor(FP4_VALUES)[codes] * 0.5
     per_rank = params.experts_per_rank
-    assert torch.equal(params.experts[2][5 // per_rank].w1[5 % per_rank], values)
+    assert torch.equal(params.rank_experts(2, 5 // per_rank).w1[5 % per_rank], values)
+    assert torch.equal(params.experts[2].w1[5], values)
 
 
-def test_experts_live_only_on_their_owning_rank(tensors):
+def test_each_rank_holds_its_own_experts(tensors):
     params = load_params(FIXTURE, REF)
     per_rank = REF.contract.EXPERTS_PER_RANK
     assert not any(".experts." in name for name in params.dense)
-    for layer, shards in params.experts.items():
-        assert len(shards) == REF.contract.EP
-        for rank, shard in enumerate(shards):
-            assert shard.count == per_rank
+    for layer, stack in params.experts.items():
+        assert stack.count == REF.contract.EP * per_rank
+        for rank in range(REF.contract.EP):
+            shard = params.rank_experts(layer, rank)
+            assert shard.count == per_rank and shard.first == rank * per_rank
             for local in range(per_rank):
                 e = rank * per_rank + local
                 prefix = params.args.prefix(layer)
