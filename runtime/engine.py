@@ -102,6 +102,7 @@ class Engine:
         device = torch.device(config.device or spec.contract.DEVICE)
         self.runner = ModelRunner(spec, params, self.capacity.blocks, self.k,
                                   config.backend or spec.contract.BACKEND, device)
+        self.runner.max_logprobs = config.max_logprobs
         self.stats = Stats()
         self.requests: dict[str, Request] = {}
         self._detok: dict[str, Detokenizer] = {}

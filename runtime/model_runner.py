@@ -1,10 +1,22 @@
 """The model runner: scheduler output -> generated wrapper launches -> sampled tokens.
 
-It owns the device side: the pools, the MTP slot tensors, one wrapper per kernel
-(staging buffers allocated once), the samplers' generators, and the dispatch counters.
+It owns the device side: the pools, the MTP slots, the sampling state, one wrapper per
+kernel (staging buffers allocated once) and the dispatch counters. A step:
+
+    clear     pages and slots handed to new owners are zeroed (targeted writes)
+    decode    every decode launch, its rows sampled (MTP drafts verified, slots
+              advanced) on the device
+    prefill   the main prefill, the first token of each finished prompt sampled on the
+              device, the MTP prefill (its last next-token filled in on the device),
+              the slots of finished prompts set
+    copy      every sampled token, acceptance and log-prob to the host, at once
+
+Per request, only the host's share of the work can fail alone (its sampling row); a
+row whose distribution comes out unsound (no finite mass) fails its request too.
 """
 from __future__ import annotations
 
+import random
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -13,10 +25,16 @@ from types import ModuleType
 import numpy as np
 import torch
 
-from runtime import sampler
+from runtime import batch_sampler
+from runtime.backends.compiled.graphs import Graphs, default_mode
+from runtime.batch_sampler import PenaltyState, RowParamsBuilder
 from runtime.model.params import ModelParams
 from runtime.request import Request
 from runtime.scheduler import PrefillChunk, SchedulerOutput
+
+
+class SamplingFailure(RuntimeError):
+    """A request's sampling distribution had no finite, positive mass."""
 
 
 @dataclass
@@ -44,6 +62,18 @@ class Timing:
     sample: float = 0.0
 
 
+@dataclass
+class _Sampled:
+    """One launch's sampled rows, still on the device until the step's copy."""
+
+    requests: list[Request]
+    tokens: torch.Tensor          # [n, T] int64
+    count: torch.Tensor           # [n] tokens each row commits
+    sound: torch.Tensor           # [n] bool
+    drafted: int = 0
+    logits: torch.Tensor | None = None    # [n, T, V], kept only when log-probs are asked
+
+
 class ModelRunner:
     def __init__(self, spec: ModuleType, params: ModelParams, blocks: dict[str, int], k: int,
                  backend: str, device: torch.device):
@@ -53,35 +83,60 @@ class ModelRunner:
         self.prefill = spec.kernels.PrefillMain(device, backend)
         self.prefill_mtp = spec.kernels.PrefillMtp(device, backend) if k else None
         self.decode = spec.kernels.DECODE_BY_K[k](device, backend)
+        compiled = backend.startswith("compiled") and backend != "compiled-eager"
+        self.graphs = Graphs(default_mode(device) if compiled else "eager")
+        self.builder = RowParamsBuilder(device)
+        self.states = spec.pools.REQUEST_SLOTS_PER_RANK + 1       # per rank, scratch last
+        self.penalties: PenaltyState | None = None
+        self.max_logprobs = 20
         self.dispatches: Counter[str] = Counter()
         self.timing = Timing()
-        self._generators: dict[str, torch.Generator] = {}
+        self._seeds: dict[str, int] = {}
+        self._rng = random.Random()
 
     # -- the step --------------------------------------------------------------------
 
     def execute(self, out: SchedulerOutput) -> dict[Request, StepResult]:
         self._clear(out)
         results: dict[Request, StepResult] = {}
+        sampled: list[_Sampled] = []
         for launch in out.decode:
-            results.update(self._decode(launch))
+            sampled += self._decode(launch, results)
         if out.prefill:
-            results.update(self._prefill(out.prefill))
+            sampled += self._prefill(out.prefill, results)
+        results.update(self._copy(sampled))
         return results
 
     def forget(self, request: Request) -> None:
-        self._generators.pop(request.request_id, None)
+        self._seeds.pop(request.request_id, None)
 
     def _clear(self, out: SchedulerOutput) -> None:
         """Targeted writes: a page or slot handed to a new owner starts zeroed."""
         for (rank, group), ids in out.fresh_blocks.items():
             getattr(self.pools, group)[rank, :, torch.tensor(ids, device=self.device)] = 0
-        for rank, slot in out.fresh_slots if self.mtp else ():
-            self.mtp.slots[rank, slot] = 0
-            self.mtp.hidden[rank, slot] = 0
+        for request in out.fresh_slots:
+            if self.mtp is not None:
+                self.mtp.slots[request.rank, request.slot] = 0
+                self.mtp.hidden[request.rank, request.slot] = 0
+            if request.params.penalized:
+                self._penalty_state().reset(self._state(request), request.prompt_ids,
+                                            request.output_ids)
 
-    def _launch(self, wrapper, name: str, **kwargs):
+    def _penalty_state(self) -> PenaltyState:
+        if self.penalties is None:      # allocated at the first penalized request
+            ranks = self.spec.contract.RANKS
+            self.penalties = PenaltyState(ranks * self.states, self.params.args.vocab_size,
+                                          self.device)
+        return self.penalties
+
+    def _state(self, request: Request) -> int:
+        return request.rank * self.states + request.slot
+
+    def _launch(self, wrapper, name: str, patch=None, **kwargs):
         t0 = time.perf_counter()
         args = wrapper.marshal(**kwargs)
+        if patch is not None:
+            patch(args)
         t1 = time.perf_counter()
         result = wrapper.run(args)
         t2 = time.perf_counter()
@@ -104,7 +159,7 @@ class ModelRunner:
 
     # -- decode ----------------------------------------------------------------------
 
-    def _decode(self, launch: list[Request]) -> dict[Request, StepResult]:
+    def _decode(self, launch: list[Request], results) -> list[_Sampled]:
         rows, per_rank = [], Counter()
         for request in launch:
             rows.append((request.rank, per_rank[request.rank], request))
@@ -115,7 +170,7 @@ class ModelRunner:
         common = dict(pools=self.pools, weights=self.params, context=context,
                       **self._tables(rows, batch))
         if self.k:
-            return self._decode_mtp(rows, batch, common)
+            return self._decode_mtp(rows, batch, common, results)
         shape = (self.spec.contract.RANKS, batch)
         tokens, positions = np.zeros(shape + (1,), np.int64), np.zeros(shape, np.int32)
         lens = np.zeros(shape, np.int32)
@@ -124,46 +179,63 @@ class ModelRunner:
             positions[rank, row], lens[rank, row] = request.num_tokens - 1, 1
         out = self._launch(self.decode, self.decode_name, token_ids=tokens, positions=positions,
                            row_lens=lens, **common)
-        return {request: self._sample(request, out.logits[rank, row, 0])
-                for rank, row, request in rows}
+        logits = out.logits.view(-1, out.logits.shape[-1])[self._flat_rows(rows, batch)]
+        return self._sample_rows([r for _, _, r in rows], logits, results)
 
     @property
     def decode_name(self) -> str:
         return self.spec.contract.DECODE_LAYOUTS[self.k].kernel
 
-    def _decode_mtp(self, rows, batch: int, common: dict) -> dict[Request, StepResult]:
+    def _flat_rows(self, rows, width: int) -> torch.Tensor:
+        return torch.tensor([rank * width + row for rank, row, _ in rows], device=self.device)
+
+    def _decode_mtp(self, rows, batch: int, common: dict, results) -> list[_Sampled]:
         shape = (self.spec.contract.RANKS, batch)
         slot_ids, gens = np.full(shape, -1, np.int32), np.zeros(shape, np.int64)
         for rank, row, request in rows:
             slot_ids[rank, row], gens[rank, row] = request.slot, request.slot_generation
         out = self._launch(self.decode, self.decode_name, slot_ids=slot_ids, slot_gens=gens,
                            mtp=self.mtp, **common)
-        return {request: self._isolated(self._verify, request, out, rank, row)
-                for rank, row, request in rows}
+        requests, rows_params = self._params(rows, results)
+        if not requests:
+            return []
+        t0 = time.perf_counter()
+        flat = self._flat_rows([(r.rank, row, r) for r, row in requests], batch)
+        logits = out.logits.view(-1, *out.logits.shape[2:])[flat]            # [n, 2, V]
+        draft = out.draft_ids.view(-1, out.draft_ids.shape[-1])[flat][:, 0]
+        counts, seen = self._penalties_of(rows_params)
+        tokens, kept, sound = self.graphs.run(
+            "verify", batch_sampler.verify, logits, draft, rows_params, counts, seen,
+            dynamic=(logits, draft))
+        self._advance_slots([r for r, _ in requests], tokens, kept,
+                            out.hidden.view(-1, *out.hidden.shape[2:])[flat])
+        count = 1 + kept.long()
+        self._count_penalties(rows_params, tokens, count)
+        self.timing.sample += time.perf_counter() - t0
+        return [_Sampled([r for r, _ in requests], tokens, count, sound, self.k,
+                         logits if self._logprobs_wanted(requests) else None)]
 
-    def _verify(self, request: Request, out, rank: int, row: int) -> StepResult:
-        """Verify the row's draft, then set the slot for the request's next fused decode."""
-        draft = int(out.draft_ids[rank, row, 0])
-        tokens = sampler.verify_draft(out.logits[rank, row], draft, request.params,
-                                      request.prompt_ids, request.output_ids,
-                                      self._generator(request))
-        logprobs = self._logprobs(request, out.logits[rank, row, : len(tokens)], tokens)
-        tail_pos = request.num_tokens - 1 + len(tokens)
-        self._set_slot(request, tokens[-1], tail_pos, out.hidden[rank, row, len(tokens) - 1])
-        return StepResult(tokens, logprobs, drafted=self.k, accepted=len(tokens) - 1)
-
-    def _set_slot(self, request: Request, tail: int, tail_pos: int, hidden: torch.Tensor) -> None:
-        """The slot's state for the next fused decode: tail token and position, committed
-        count, generation, and the streams of the row before the tail."""
+    def _advance_slots(self, requests: list[Request], tokens: torch.Tensor, kept: torch.Tensor,
+                       hidden: torch.Tensor) -> None:
+        """The slots' state after verification: the new tail (the bonus token if the
+        draft was kept, else the target), its position, and the streams before it."""
         field = self.spec.pools.MtpField
-        row = self.mtp.slots[request.rank, request.slot]
-        row[field.TAIL_TOKEN], row[field.TAIL_POS] = tail, tail_pos
-        row[field.COMMITTED], row[field.GENERATION] = tail_pos + 1, request.slot_generation
-        self.mtp.hidden[request.rank, request.slot] = hidden
+        rank, slot = self._rank_slot(requests)
+        state = self.mtp.slots[rank, slot]
+        step = 1 + kept.long()
+        tail_pos = state[:, field.TAIL_POS] + step
+        state[:, field.TAIL_TOKEN] = tokens.gather(1, kept.long()[:, None])[:, 0]
+        state[:, field.TAIL_POS], state[:, field.COMMITTED] = tail_pos, tail_pos + 1
+        self.mtp.slots[rank, slot] = state
+        self.mtp.hidden[rank, slot] = hidden[torch.arange(len(requests)), kept.long()]
+
+    def _rank_slot(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
+        pairs = torch.tensor([(r.rank, r.slot) for r in requests], device=self.device)
+        return pairs[:, 0], pairs[:, 1]
 
     # -- prefill ---------------------------------------------------------------------
 
-    def _prefill(self, chunks: list[PrefillChunk]) -> dict[Request, StepResult]:
+    def _prefill(self, chunks: list[PrefillChunk], results) -> list[_Sampled]:
         c = self.spec.contract
         extent = max(c.dispatch_extent(ch.length) for ch in chunks)
         shape = (c.RANKS, c.SLOTS_PER_RANK)
@@ -177,81 +249,192 @@ class ModelRunner:
         out = self._launch(self.prefill, "prefill_main", token_ids=tokens, start_pos=starts,
                            chunk_lens=lens, extent=extent, pools=self.pools, weights=self.params,
                            **self._tables(rows, c.SLOTS_PER_RANK))
-        results = {}
-        for ch in chunks:
-            r = ch.request
-            if ch.terminal and not r.output_ids:   # a fresh prompt's first token
-                results[r] = self._sample(r, out.logits[r.rank, ch.slot])
-        alive = [ch for ch in chunks if ch.request not in results or not results[ch.request].error]
-        if self.k and alive:
-            self._prefill_mtp(alive, out.mtp_hidden, results)
-        return results
+        fresh = [ch for ch in chunks if ch.terminal and not ch.request.output_ids]
+        sampled, first = [], {}
+        if fresh:
+            flat = self._flat_rows([(ch.request.rank, ch.slot, None) for ch in fresh],
+                                   c.SLOTS_PER_RANK)
+            sampled = self._sample_rows([ch.request for ch in fresh], out.logits.view(
+                -1, out.logits.shape[-1])[flat], results)
+            if sampled:
+                first = {r: i for i, r in enumerate(sampled[0].requests)}
+        if self.k:
+            self._prefill_mtp(chunks, out.mtp_hidden, sampled[0].tokens if first else None,
+                              first, results)
+        return sampled
 
     def _prefill_mtp(self, chunks: list[PrefillChunk], hidden: torch.Tensor,
-                     results: dict[Request, StepResult]) -> None:
-        """Rebuild the MTP layer's window from the chunk's last rows; a terminal chunk
-        then fills the request's slot for its first fused decode."""
+                     first_tokens: torch.Tensor | None, first: dict[Request, int],
+                     results) -> None:
+        """Rebuild the MTP layer's window from the chunks' last rows; a terminal chunk
+        then fills its request's slot for the first fused decode. A fresh prompt's next
+        token at its last row is its first sampled token, still on the device."""
         c = self.spec.contract
-        rows = [(ch.request.rank, ch.slot, ch.request) for ch in chunks]
+        chunks = [ch for ch in chunks if ch.request not in results]       # not failed
         shape = (c.RANKS, c.SLOTS_PER_RANK)
         next_ids = np.zeros(shape + (c.MTP_WINDOW,), np.int64)
         starts, nrows = np.zeros(shape, np.int32), np.zeros(shape, np.int32)
         for ch in chunks:
             r, width = ch.request, min(c.MTP_WINDOW, ch.length)
-            known = r.token_ids + (results[r].tokens if r in results else [])
-            next_ids[r.rank, ch.slot, :width] = known[ch.end - width + 1: ch.end + 1]
+            known = r.token_ids[ch.end - width + 1: ch.end + 1]   # the last may be unknown
+            next_ids[r.rank, ch.slot, : len(known)] = known
             starts[r.rank, ch.slot], nrows[r.rank, ch.slot] = ch.end - width, width
+        fill = [ch for ch in chunks if ch.request in first]
+
+        def patch(args) -> None:
+            if fill:
+                at = torch.tensor([(ch.request.rank, ch.slot, min(c.MTP_WINDOW, ch.length) - 1)
+                                   for ch in fill], device=self.device)
+                pick = torch.tensor([first[ch.request] for ch in fill], device=self.device)
+                args.next_ids[at[:, 0], at[:, 1], at[:, 2]] = first_tokens[pick, 0]
+
+        rows = [(ch.request.rank, ch.slot, ch.request) for ch in chunks]
         tables = self._tables(rows, c.SLOTS_PER_RANK)
-        self._launch(self.prefill_mtp, "prefill_mtp", mtp_hidden=hidden, next_ids=next_ids,
-                     start_pos=starts, num_rows=nrows, block_table_ori=tables["block_table_ori"],
-                     pools=self.pools, weights=self.params)
-        for ch in chunks:
-            if ch.terminal:
-                r, width = ch.request, min(c.MTP_WINDOW, ch.length)
-                tail = results[r].tokens[-1] if r in results else r.token_ids[-1]
-                self._set_slot(r, tail, ch.end, hidden[r.rank, ch.slot, width - 1])
+        self._launch(self.prefill_mtp, "prefill_mtp", patch=patch, mtp_hidden=hidden,
+                     next_ids=next_ids, start_pos=starts, num_rows=nrows,
+                     block_table_ori=tables["block_table_ori"], pools=self.pools,
+                     weights=self.params)
+        terminal = [ch for ch in chunks if ch.terminal]
+        if terminal:
+            self._fill_slots(terminal, hidden, first_tokens, first)
+
+    def _fill_slots(self, chunks: list[PrefillChunk], hidden: torch.Tensor,
+                    first_tokens: torch.Tensor | None, first: dict[Request, int]) -> None:
+        """Slots of finished prefills: tail = the first sampled token (a fresh prompt)
+        or the known tail (a resumed request), at position end, and the streams of the
+        row before it."""
+        c, field = self.spec.contract, self.spec.pools.MtpField
+        requests = [ch.request for ch in chunks]
+        rank, slot = self._rank_slot(requests)
+        tail = torch.tensor([r.token_ids[-1] for r in requests], device=self.device)
+        if first:
+            fresh = torch.tensor([r in first for r in requests], device=self.device)
+            pick = torch.tensor([first.get(r, 0) for r in requests], device=self.device)
+            tail = torch.where(fresh, first_tokens[pick, 0], tail)
+        end = torch.tensor([ch.end for ch in chunks], device=self.device)
+        state = torch.stack((tail, end, end + 1,
+                             torch.tensor([r.slot_generation for r in requests],
+                                          device=self.device)), dim=1)
+        columns = [field.TAIL_TOKEN, field.TAIL_POS, field.COMMITTED, field.GENERATION]
+        self.mtp.slots[rank[:, None], slot[:, None],
+                       torch.tensor(columns, device=self.device)] = state
+        width = torch.tensor([min(c.MTP_WINDOW, ch.length) - 1 for ch in chunks],
+                             device=self.device)
+        home = torch.tensor([ch.slot for ch in chunks], device=self.device)
+        self.mtp.hidden[rank, slot] = hidden[rank, home, width]
 
     # -- sampling --------------------------------------------------------------------
 
-    def _generator(self, request: Request) -> torch.Generator | None:
-        if request.params.greedy:
-            return None
-        if request.request_id not in self._generators:
-            gen = torch.Generator(device=self.device)
+    def _params(self, rows, results) -> tuple[list[tuple[Request, int]], object]:
+        """The rows' sampling parameters; a request whose own row cannot be built fails
+        alone (its StepResult carries the error) and leaves the launch."""
+        ok, values = [], []
+        for _, row, request in rows:
+            try:
+                values.append(self._row(request))
+            except Exception as exc:  # noqa: BLE001 - isolated to this request
+                results[request] = StepResult([], error=exc)
+                continue
+            ok.append((request, row))
+        if not ok:
+            return [], None
+        return ok, self.builder.build(*(list(column) for column in zip(*values)))
+
+    def _row(self, request: Request) -> tuple:
+        """(params, seed, output index, state slot) of a request's sampling row."""
+        return (request.params, self._seed(request), len(request.output_ids),
+                self._state(request))
+
+    def _seed(self, request: Request) -> int:
+        """The request's stream: its seed, or one drawn once for it."""
+        if request.request_id not in self._seeds:
             seed = request.params.generator_seed
-            gen.manual_seed(seed if seed is not None else int(torch.randint(2**62, ()).item()))
-            self._generators[request.request_id] = gen
-        return self._generators[request.request_id]
+            self._seeds[request.request_id] = seed if seed is not None \
+                else self._rng.getrandbits(63)
+        return self._seeds[request.request_id]
 
-    def _isolated(self, compute, request: Request, *args) -> StepResult:
-        """One request's share of the step's host work (sampling, logits processing);
-        its failure is that request's alone and comes back as StepResult.error."""
+    def _penalties_of(self, rows_params) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if not rows_params.penalized:
+            return None, None
+        return self._penalty_state().rows(rows_params.state)
+
+    def _count_penalties(self, rows_params, tokens: torch.Tensor, count: torch.Tensor) -> None:
+        if rows_params.penalized:
+            keep = torch.arange(tokens.shape[1], device=self.device)[None, :] < count[:, None]
+            self._penalty_state().add(rows_params.state, tokens, keep)
+
+    def _sample_rows(self, requests: list[Request], logits: torch.Tensor,
+                     results) -> list[_Sampled]:
+        """One token per row of logits [n, V] (the rows of `requests`)."""
         t0 = time.perf_counter()
-        try:
-            return compute(request, *args)
-        except Exception as exc:  # noqa: BLE001 - isolated to this request
-            return StepResult([], error=exc)
-        finally:
-            self.timing.sample += time.perf_counter() - t0
+        ok, rows_params = self._params([(r.rank, i, r) for i, r in enumerate(requests)],
+                                       results)
+        if not ok:
+            return []
+        logits = logits[torch.tensor([i for _, i in ok], device=self.device)]
+        counts, seen = self._penalties_of(rows_params)
+        token, sound = self.graphs.run("sample", batch_sampler.sample, logits, rows_params,
+                                       counts, seen, dynamic=(logits,))
+        tokens = token[:, None]
+        count = torch.ones_like(token)
+        self._count_penalties(rows_params, tokens, count)
+        self.timing.sample += time.perf_counter() - t0
+        kept = [r for r, _ in ok]
+        return [_Sampled(kept, tokens, count, sound, 0,
+                         logits[:, None] if self._logprobs_wanted(ok) else None)]
 
-    def _sample(self, request: Request, logits: torch.Tensor) -> StepResult:
-        return self._isolated(self._sample_one, request, logits)
+    def _logprobs_wanted(self, rows) -> bool:
+        return any(r.params.logprobs is not None for r, _ in rows)
 
-    def _sample_one(self, request: Request, logits: torch.Tensor) -> StepResult:
-        token = sampler.sample(logits, request.params, request.prompt_ids, request.output_ids,
-                               self._generator(request))
-        return StepResult([token], self._logprobs(request, logits[None], [token]))
+    # -- the step's one copy to the host ---------------------------------------------
 
-    def _logprobs(self, request: Request, logits: torch.Tensor,
-                  tokens: list[int]) -> list[TokenLogprobs] | None:
-        """The model's log-probs (before sampling adjustments) of each committed token."""
-        n = request.params.logprobs
-        if n is None:
-            return None
-        lp = torch.log_softmax(logits.float(), dim=-1)
-        out = []
-        for row, token in zip(lp, tokens):
-            top = row.topk(n) if n else None
-            pairs = list(zip(top.indices.tolist(), top.values.tolist())) if n else []
-            out.append(TokenLogprobs(token, float(row[token]), pairs))
-        return out
+    def _copy(self, sampled: list[_Sampled]) -> dict[Request, StepResult]:
+        """Every launch's tokens, counts, soundness (and log-probs) in one transfer."""
+        if not sampled:
+            return {}
+        parts = []
+        for s in sampled:
+            parts += [s.tokens.reshape(-1).double(), s.count.double(), s.sound.double()]
+            if s.logits is not None:
+                lp, ids, vals = batch_sampler.logprobs(s.logits, s.tokens, self.max_logprobs)
+                parts += [lp.reshape(-1).double(), ids.reshape(-1).double(),
+                          vals.reshape(-1).double()]
+        host = torch.cat(parts).cpu().numpy()
+        results, at = {}, 0
+        for s in sampled:
+            n, width = s.tokens.shape
+            tokens = host[at: at + n * width].reshape(n, width).astype(np.int64)
+            count = host[at + n * width: at + n * width + n].astype(np.int64)
+            sound = host[at + n * width + n: at + n * width + 2 * n].astype(bool)
+            at += n * width + 2 * n
+            logprobs = None
+            if s.logits is not None:
+                logprobs, at = _unpack_logprobs(host, at, n, width, self.max_logprobs)
+            for i, request in enumerate(s.requests):
+                results[request] = self._result(request, tokens[i, : count[i]], sound[i],
+                                                s.drafted, logprobs, i)
+        return results
+
+    def _result(self, request: Request, tokens: np.ndarray, sound: bool, drafted: int,
+                logprobs, i: int) -> StepResult:
+        if not sound:
+            return StepResult([], error=SamplingFailure(
+                "no token has a finite, positive probability under this request's "
+                "sampling parameters"))
+        tokens = tokens.tolist()
+        lps = None
+        if request.params.logprobs is not None:
+            chosen, ids, vals = logprobs
+            top = request.params.logprobs
+            lps = [TokenLogprobs(t, float(chosen[i, j]),
+                                 list(zip(ids[i, j, :top].tolist(), vals[i, j, :top].tolist())))
+                   for j, t in enumerate(tokens)]
+        return StepResult(tokens, lps, drafted=drafted, accepted=len(tokens) - 1 if drafted else 0)
+
+
+def _unpack_logprobs(host: np.ndarray, at: int, n: int, width: int, top: int):
+    size = n * width
+    chosen = host[at: at + size].reshape(n, width)
+    ids = host[at + size: at + size + size * top].reshape(n, width, top).astype(np.int64)
+    vals = host[at + size + size * top: at + size + 2 * size * top].reshape(n, width, top)
+    return (chosen, ids, vals), at + size + 2 * size * top

@@ -65,7 +65,7 @@ class SchedulerOutput:
     prefill: list[PrefillChunk] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     fresh_blocks: dict[tuple[int, str], list[int]] = field(default_factory=dict)
-    fresh_slots: list[tuple[int, int]] = field(default_factory=list)
+    fresh_slots: list[Request] = field(default_factory=list)   # admitted: new slot owners
 
     @property
     def empty(self) -> bool:
@@ -224,7 +224,7 @@ class Scheduler:
             self.running[rank].append(request)
             if self.slots is not None:
                 request.slot, request.slot_generation = self.slots.acquire(rank)
-                out.fresh_slots.append((rank, request.slot))
+                out.fresh_slots.append(request)
             self._schedule_chunk(request, out, budget, used)
 
     def _pick_rank(self, request: Request, budget: list[int], used: list[int]) -> int | None:

@@ -49,9 +49,12 @@ def get_backend(name: str) -> Backend:
 
 
 def _register_builtin() -> None:
+    from runtime.backends.compiled import CompiledBackend
     from runtime.backends.dryrun import DryRunBackend
     from runtime.backends.torch_backend import TorchBackend
 
+    register_backend(CompiledBackend.name, CompiledBackend)
+    register_backend("compiled-eager", lambda: CompiledBackend(mode="eager"))
     register_backend(DryRunBackend.name, DryRunBackend)
     register_backend(TorchBackend.name, TorchBackend)
 

@@ -1,20 +1,25 @@
-"""One request's failure is its own: an exception in its sampling or detokenization ends
-that request with an error and frees what it held, while the others run on unchanged.
-A failure of the shared step still stops the engine (tests/runtime/test_async_engine.py)."""
+"""One request's failure is its own: a request whose sampling row cannot be built, whose
+distribution comes out unsound (no finite mass), or whose detokenization raises ends
+with an error and frees what it held, while the others run on unchanged. A failure of
+the shared step still stops the engine (tests/runtime/test_async_engine.py)."""
 from __future__ import annotations
 
 import asyncio
 
 import pytest
+import torch
 
-from runtime import sampler
+from runtime import batch_sampler
 from runtime.async_engine import AsyncEngine, RequestFailedError
+from runtime.model_runner import ModelRunner
 from runtime.sampling_params import SamplingParams
 from runtime.tokenizer import Detokenizer
 from tests.model.support import reference_params
 from tests.runtime.engine_support import assert_all_free, make_engine, random_prompt
 
 PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+MARK = 424242                      # the seed that marks the faulty request's rows
+FAULTY_PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, seed=MARK)
 PROMPTS = [random_prompt(40 + 17 * i, 100 + i) for i in range(9)]
 FAULTY = 4
 
@@ -31,41 +36,52 @@ def clean(params):
     return [o.output_ids for o in make_engine(params).generate(healthy, PARAMS)]
 
 
-def fail_sampling(monkeypatch, after: int) -> None:
-    """Sampling raises for the faulty prompt once it has `after` output tokens."""
-    def guard(real):
-        def patched(logits, params, prompt, output, *args):
-            if prompt == PROMPTS[FAULTY] and len(output) >= after:
-                raise RuntimeError("injected sampling fault")
-            return real(logits, params, prompt, output, *args)
-        return patched
+def unsound_rows(monkeypatch, after: int) -> None:
+    """The faulty request's logits turn NaN once it has `after` output tokens."""
+    real = batch_sampler.adjusted
 
-    monkeypatch.setattr(sampler, "sample", guard(sampler.sample))
-    monkeypatch.setattr(sampler, "verify_draft", _draft_guard(sampler.verify_draft, after))
+    def patched(logits, rows, *args):
+        out = real(logits, rows, *args)
+        bad = (rows.seed == MARK) & (rows.counter >= after)
+        return torch.where(bad[:, None], float("nan"), out)
+
+    monkeypatch.setattr(batch_sampler, "adjusted", patched)
 
 
-def _draft_guard(real, after: int):
-    def patched(logits, draft, params, prompt, output, *args):
-        if prompt == PROMPTS[FAULTY] and len(output) >= after:
+def failing_rows(monkeypatch, after: int) -> None:
+    """Building the faulty request's sampling row raises once it has `after` tokens."""
+    real = ModelRunner._row
+
+    def patched(self, request):
+        if request.params.seed == MARK and len(request.output_ids) >= after:
             raise RuntimeError("injected sampling fault")
-        return real(logits, draft, params, prompt, output, *args)
-    return patched
+        return real(self, request)
+
+    monkeypatch.setattr(ModelRunner, "_row", patched)
 
 
 def _run(engine):
-    outputs = engine.generate(PROMPTS, PARAMS)
-    failed = outputs.pop(FAULTY)
-    return failed, [o.output_ids for o in outputs]
+    """Every prompt, the faulty one with FAULTY_PARAMS: (its final output, the others')."""
+    ids = [engine.add_request(p, FAULTY_PARAMS if i == FAULTY else PARAMS).request_id
+           for i, p in enumerate(PROMPTS)]
+    final = {}
+    while engine.has_unfinished():
+        final.update({o.request_id: o for o in engine.step() if o.finished})
+    return final[ids[FAULTY]], [final[i].output_ids for j, i in enumerate(ids) if j != FAULTY]
 
 
 @pytest.mark.parametrize("k", [0, 1])
 @pytest.mark.parametrize("after", [0, 3], ids=["first-token", "mid-decode"])
-def test_a_sampling_fault_ends_only_its_request(params, clean, monkeypatch, k, after):
-    fail_sampling(monkeypatch, after)
+@pytest.mark.parametrize(("inject", "message"), [
+    (unsound_rows, "no token has a finite, positive probability"),
+    (failing_rows, "injected sampling fault")], ids=["unsound", "raising"])
+def test_a_sampling_fault_ends_only_its_request(params, clean, monkeypatch, k, after, inject,
+                                                message):
+    inject(monkeypatch, after)
     engine = make_engine(params, num_speculative_tokens=k)
     failed, others = _run(engine)
     assert failed.finished and failed.finish_reason == "error"
-    assert "injected sampling fault" in failed.error
+    assert message in failed.error
     assert len(failed.output_ids) <= after + k
     assert others == clean
     assert_all_free(engine)
@@ -94,12 +110,13 @@ def test_a_detokenizer_fault_ends_only_its_request(params, clean, monkeypatch):
 
 
 def test_the_async_engine_fails_one_stream_and_serves_the_rest(params, clean, monkeypatch):
-    fail_sampling(monkeypatch, 2)
+    unsound_rows(monkeypatch, 2)
     engine = AsyncEngine(make_engine(params))
     engine.start()
 
     async def collect(i):
-        return [out async for out in engine.generate(PROMPTS[i], PARAMS, f"r{i}")]
+        params = FAULTY_PARAMS if i == FAULTY else PARAMS
+        return [out async for out in engine.generate(PROMPTS[i], params, f"r{i}")]
 
     async def main():
         return await asyncio.gather(*(collect(i) for i in range(len(PROMPTS))),
@@ -108,7 +125,7 @@ def test_the_async_engine_fails_one_stream_and_serves_the_rest(params, clean, mo
     try:
         results = asyncio.run(main())
         failed = results.pop(FAULTY)
-        assert isinstance(failed, RequestFailedError) and "injected" in str(failed)
+        assert isinstance(failed, RequestFailedError) and "finite" in str(failed)
         assert [sum((o.new_ids for o in stream), []) for stream in results] == clean
         assert engine.healthy
         engine.run_locked(assert_all_free)

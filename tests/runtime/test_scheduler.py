@@ -171,11 +171,11 @@ def test_admission_needs_a_free_mtp_slot():
     s = make(ranks=1, slots=1, k=1)
     a, b = add(s, 2, 2)
     out = step(s)
-    assert (a.slot, a.slot_generation, out.fresh_slots) == (0, 1, [(0, 0)])
+    assert (a.slot, a.slot_generation, out.fresh_slots) == (0, 1, [a])
     assert list(s.waiting) == [b]
     s.finish(a, "abort")
     out = step(s)
-    assert (b.slot, b.slot_generation, out.fresh_slots) == (0, 2, [(0, 0)])
+    assert (b.slot, b.slot_generation, out.fresh_slots) == (0, 2, [b])
 
 
 def test_head_of_line_waits_when_no_rank_can_supply_blocks():

@@ -7,8 +7,9 @@ import json
 
 import httpx
 import pytest
+import torch
 
-from runtime import sampler
+from runtime import batch_sampler
 from runtime.sampling_params import SamplingParams
 from tests.model.support import reference_params
 from tests.runtime.engine_support import assert_all_free, make_engine
@@ -131,7 +132,8 @@ def test_a_hostile_body_is_a_400_and_the_server_serves_on(http, path, body, para
     if param is not None:
         assert error["param"] == param, error
     assert http.get("/health").status_code == 200
-    ok = http.post("/v1/completions", json={"prompt": "t5 t6", "max_tokens": 2})
+    ok = http.post("/v1/completions", json={"prompt": "t5 t6", "max_tokens": 2,
+                                            "ignore_eos": True})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
 
 
@@ -150,6 +152,7 @@ def test_best_of_returns_the_n_most_likely_candidates(http):
 # -- one request's fault ---------------------------------------------------------------
 
 FAULTY_PROMPT = "t9 t9 t9 t9"
+MARK = 424242        # the seed that marks the faulty request
 HEALTHY = [f"t{5 + i} t{20 + 3 * i} t{40 + i}" for i in range(8)]
 GREEDY = {"max_tokens": 6, "temperature": 0, "ignore_eos": True}
 
@@ -171,20 +174,16 @@ def _streamed(http, path, body) -> tuple[str, list[dict]]:
 
 
 @pytest.fixture
-def faulty_sampling(live, monkeypatch):
-    """Sampling raises for the faulty prompt from its third token on."""
-    faulty = live.engine.engine.tokenizer.encode(FAULTY_PROMPT)
+def faulty_sampling(monkeypatch):
+    """The rows of a request seeded MARK come out unsound (NaN) from its third token."""
+    real = batch_sampler.adjusted
 
-    def guard(real, takes_draft):
-        def patched(*args):
-            prompt, output = args[3:5] if takes_draft else args[2:4]
-            if prompt == faulty and len(output) >= 2:
-                raise RuntimeError("injected sampling fault")
-            return real(*args)
-        return patched
+    def patched(logits, rows, *args):
+        out = real(logits, rows, *args)
+        return torch.where(((rows.seed == MARK) & (rows.counter >= 2))[:, None],
+                           float("nan"), out)
 
-    monkeypatch.setattr(sampler, "sample", guard(sampler.sample, False))
-    monkeypatch.setattr(sampler, "verify_draft", guard(sampler.verify_draft, True))
+    monkeypatch.setattr(batch_sampler, "adjusted", patched)
 
 
 def test_a_sampling_fault_fails_one_stream_while_eight_finish(live, http, params,
@@ -192,16 +191,17 @@ def test_a_sampling_fault_fails_one_stream_while_eight_finish(live, http, params
     from concurrent.futures import ThreadPoolExecutor
 
     path = "/v1/completions"
-    bodies = [{"prompt": FAULTY_PROMPT, **GREEDY}] + [{"prompt": p, **GREEDY} for p in HEALTHY]
+    bodies = [{"prompt": FAULTY_PROMPT, "seed": MARK, **GREEDY}] + \
+        [{"prompt": p, **GREEDY} for p in HEALTHY]
     with ThreadPoolExecutor(len(bodies)) as pool:
         results = list(pool.map(lambda b: _streamed(http, path, b), bodies))
     (_, errors), healthy = results[0], results[1:]
     assert len(errors) == 1 and errors[0]["code"] == 500
-    assert errors[0]["type"] == "InternalServerError" and "injected" in errors[0]["message"]
+    assert errors[0]["type"] == "InternalServerError" and "finite" in errors[0]["message"]
     want = make_engine(params).generate(HEALTHY, SamplingParams(**GREEDY))
     assert [text for text, _ in healthy] == [o.text for o in want]
     assert all(not errs for _, errs in healthy)
-    resp = http.post(path, json={"prompt": FAULTY_PROMPT, **GREEDY})
+    resp = http.post(path, json={"prompt": FAULTY_PROMPT, "seed": MARK, **GREEDY})
     assert resp.status_code == 500 and resp.json()["error"]["type"] == "InternalServerError"
     assert http.get("/health").status_code == 200
     live.engine.run_locked(assert_all_free)
@@ -224,5 +224,5 @@ def test_a_bug_while_answering_is_a_shaped_500_and_the_server_serves_on(live, ht
     assert [e["code"] for e in errors] == [500]
     live.engine.run_locked(assert_all_free)        # the failed stream's request was aborted
     monkeypatch.undo()
-    assert http.post("/v1/completions", json={"prompt": "t5", "max_tokens": 2}).status_code \
-        == 200
+    assert http.post("/v1/completions", json={"prompt": "t5", "max_tokens": 2,
+                                              "ignore_eos": True}).status_code == 200

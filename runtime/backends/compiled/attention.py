@@ -1,0 +1,141 @@
+"""Attention of every layer kind, loop-free over a call's rows (N rows of S tokens).
+
+The formulas are those of runtime/model/attention.py; here every row of a call is
+handled at once with fixed shapes:
+
+    window   the window - 1 positions before each row's start, read from the ring
+             (zeros before position 0), then the row's own S keys: [N, window - 1 + S]
+    HCA      every entry the context bucket holds, [N, E], visible to a query at
+             position p where j < (p + 1) // 128
+    CSA      the indexer scores every entry the bucket holds, [N, S, E], and a fixed
+             top-k (index_topk) picks each query's entries; picks beyond the visible
+             ones are masked, as in the reference
+A query attends to the keys its mask allows; the sink joins the softmax denominator.
+`entries` is arange(E), E = bucket / ratio: the entry count travels as a tensor's
+length so that one graph serves every bucket.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from runtime.backends.compiled.compressor import compress
+from runtime.backends.compiled.paged import Paged
+from runtime.backends.compiled.rows import Rows
+from runtime.model.args import ModelArgs
+from runtime.model.attention import compressor_rows, output_projection, project_kv
+from runtime.model.norms import rms_norm, rms_scale
+from runtime.model.rope import apply_rope
+
+Weights = dict[str, torch.Tensor]     # one layer's dense tensors, by name without prefix
+RATIO = {"csa": 4, "hca": 128}
+STATE_GROUP = {"csa": "csa_state", "hca": "hca_state"}
+ENTRY_GROUP = {"csa": "cmp_c4", "hca": "cmp_c128"}
+
+
+def attention(p: Weights, args: ModelArgs, kind: str, x: torch.Tensor, rows: Rows,
+              pools: dict[str, Paged], inv_freq: torch.Tensor,
+              entries: torch.Tensor | None) -> torch.Tensor:
+    """x [N*S, dim] -> attention output [N*S, dim]; writes the layer's pools."""
+    n, s = rows.shape
+    pos = rows.pos.reshape(-1)
+    qr = rms_norm(F.linear(x, p["attn.wq_a.weight"]), p["attn.q_norm.weight"], args.norm_eps)
+    q = F.linear(qr, p["attn.wq_b.weight"]).view(n * s, args.n_heads, args.head_dim)
+    q = apply_rope(rms_scale(q, args.norm_eps), pos, inv_freq)
+    kv = project_kv(p, args, x, pos, inv_freq).view(n, s, -1)
+    keys, keys_ok = _window(pools["ori"], rows, kv, args.window)
+    picked, picked_ok = None, None
+    if kind in RATIO:
+        picked, picked_ok = _entries(p, args, kind, x, qr, rows, pools, inv_freq, entries)
+    out = _attend(q.view(n, s, args.n_heads, -1), keys, keys_ok, picked, picked_ok,
+                  p["attn.attn_sink"])
+    out = apply_rope(out.view(n * s, args.n_heads, -1), pos, inv_freq, inverse=True)
+    return output_projection(p, args, out)
+
+
+def _window(ori: Paged, rows: Rows, kv: torch.Tensor,
+            window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys [N, window - 1 + S, D] and which of them each query sees [N, S, window - 1 + S];
+    the rows' own keys go to the ring (the last ring-capacity ones)."""
+    before = rows.start[:, None] - (window - 1) + torch.arange(window - 1, device=kv.device)
+    prior = ori.read_then_write(rows, before, before >= 0, rows.pos,
+                                rows.last(ori.capacity), kv).to(kv.dtype)
+    keys = torch.cat((prior, kv), dim=1)
+    key_pos = torch.cat((before, rows.pos), dim=1)                          # [N, window-1+S]
+    query = rows.pos[:, :, None]
+    seen = (key_pos[:, None, :] <= query) & (key_pos[:, None, :] > query - window) \
+        & (key_pos[:, None, :] >= 0)
+    return keys, seen
+
+
+def _entries(p: Weights, args: ModelArgs, kind: str, x: torch.Tensor, qr: torch.Tensor,
+             rows: Rows, pools: dict[str, Paged], inv_freq: torch.Tensor,
+             entries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Update the compressor(s) with the rows' tokens, then the compressed keys each query
+    may use: HCA [N, E, D] with [N, S, E]; CSA [N, S, k, D] with [N, S, k]."""
+    ratio = RATIO[kind]
+    pos = rows.pos.reshape(-1)
+    kv, score = compressor_rows(p, "attn.compressor.", x, pos, ratio)
+    compress(pools[STATE_GROUP[kind]], pools[ENTRY_GROUP[kind]], rows, kv, score, ratio,
+             p["attn.compressor.norm.weight"], args.norm_eps, inv_freq)
+    visible = (rows.pos + 1) // ratio                                          # [N, S]
+    exists = entries[None, :] < visible.amax(dim=1, keepdim=True)             # [N, E]
+    if kind == "hca":
+        keys = pools["cmp_c128"].read(rows, entries.expand_as(exists), exists)
+        return keys, entries < visible[..., None]
+    kv, score = compressor_rows(p, "attn.indexer.compressor.", x, pos, ratio)
+    compress(pools["csa_inner_state"], pools["idx"], rows, kv, score, ratio,
+             p["attn.indexer.compressor.norm.weight"], args.norm_eps, inv_freq)
+    index_keys = pools["idx"].read(rows, entries.expand_as(exists), exists)
+    chosen, ok = _select(p, args, x, qr, rows, index_keys, inv_freq, entries, visible)
+    n, s = rows.shape
+    picked = pools["cmp_c4"].read(rows, chosen.view(n, -1), ok.view(n, -1))
+    return picked.view(n, s, chosen.shape[-1], -1), ok
+
+
+def _select(p: Weights, args: ModelArgs, x: torch.Tensor, qr: torch.Tensor, rows: Rows,
+            keys: torch.Tensor, inv_freq: torch.Tensor, entries: torch.Tensor,
+            visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lightning indexer over keys [N, E, dim]: each query's top index_topk entries
+    [N, S, k] and which of them are visible.
+    score(t, j) = sum_h relu(q_th . k_j) * dim^-0.5 * w_th."""
+    n, s = rows.shape
+    heads, dim = args.index_heads, args.index_head_dim
+    iq = F.linear(qr, p["attn.indexer.wq_b.weight"]).view(n * s, heads, dim)
+    iq = apply_rope(iq, rows.pos.reshape(-1), inv_freq).view(n, s, heads, dim).float()
+    w = F.linear(x, p["attn.indexer.weights_proj.weight"]).float() * heads ** -0.5
+    w = w.view(n, s, heads)
+    keys = keys.float()
+    scores = torch.zeros(n, s, entries.shape[0], device=x.device)
+    for h in range(heads):      # one head at a time: never an [N, S, heads, E] tensor
+        scores = scores + torch.relu(torch.einsum("nsd,ned->nse", iq[:, :, h], keys)) \
+            * dim ** -0.5 * w[:, :, h, None]
+    scores = scores.masked_fill(entries >= visible[..., None], float("-inf"))
+    chosen = scores.topk(args.index_topk, dim=-1).indices
+    return chosen, chosen < visible[..., None]
+
+
+def _attend(q: torch.Tensor, keys: torch.Tensor, keys_ok: torch.Tensor,
+            entries: torch.Tensor | None, entries_ok: torch.Tensor | None,
+            sink: torch.Tensor) -> torch.Tensor:
+    """q [N, S, H, D] over the window keys and the compressed ones -> [N, S, H, D]."""
+    scale = q.shape[-1] ** -0.5
+    qf = q.float()
+    logits = [torch.einsum("nshd,nkd->nshk", qf, keys.float()) * scale]
+    masks = [keys_ok]
+    if entries is not None:
+        pattern = "nshd,ned->nshe" if entries.dim() == 3 else "nshd,nsed->nshe"
+        logits.append(torch.einsum(pattern, qf, entries.float()) * scale)
+        masks.append(entries_ok)
+    logits = torch.cat(logits, -1).masked_fill(~torch.cat(masks, -1)[:, :, None, :],
+                                               float("-inf"))
+    sink = sink.float()                                                          # [H]
+    top = torch.maximum(logits.amax(-1), sink)                                   # [N, S, H]
+    weights = torch.exp(logits - top[..., None])
+    weights = weights / (weights.sum(-1) + torch.exp(sink - top))[..., None]
+    m = keys.shape[1]
+    out = torch.einsum("nshk,nkd->nshd", weights[..., :m], keys.float())
+    if entries is not None:
+        pattern = "nshe,ned->nshd" if entries.dim() == 3 else "nshe,nsed->nshd"
+        out = out + torch.einsum(pattern, weights[..., m:], entries.float())
+    return out.to(q.dtype)

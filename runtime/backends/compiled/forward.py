@@ -1,0 +1,137 @@
+"""The model as a program of per-layer graphs.
+
+Every layer is one graph call: `block` for a layer kind (sliding, CSA or HCA, hash-routed
+or not, or the MTP block) takes the layer's tensors as arguments, so the layers of one
+kind share one compiled graph; `head` is the output head. Between them a call's token
+rows travel as `h` [N, S, hc, dim]. The dense sub-layers run on every token of a call,
+attention on the rows through their block tables, the MoE through grouped matmuls;
+invalid tokens are computed too (static shapes) and written nowhere but the scratch page.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from runtime.abi import PoolGroup
+from runtime.backends.compiled.attention import Weights, attention
+from runtime.backends.compiled.moe import routed
+from runtime.backends.compiled.paged import Paged
+from runtime.backends.compiled.rows import Rows
+from runtime.model.args import ModelArgs
+from runtime.model.attention import project_kv
+from runtime.model.hyper import hc_head, hc_post, hc_pre
+from runtime.model.moe import route, shared
+from runtime.model.norms import rms_norm
+from runtime.model.params import ModelParams
+
+GROUPS_OF = {"sliding": ("ori",), "mtp": ("ori",),
+             "hca": ("ori", "hca_state", "cmp_c128"),
+             "csa": ("ori", "csa_state", "cmp_c4", "csa_inner_state", "idx")}
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer as its graph takes it."""
+
+    id: int
+    kind: str                                 # sliding | csa | hca | mtp
+    hashed: bool
+    weights: Weights                          # its dense tensors, by name without prefix
+    experts: tuple[torch.Tensor, torch.Tensor, torch.Tensor]    # stacked w1, w2, w3
+    inv_freq: torch.Tensor
+    where: dict[str, torch.Tensor]            # group -> its index among the group's layers
+
+    @property
+    def graph(self) -> str:
+        """The graph this layer runs: one per kind and routing."""
+        return f"{self.kind}{'-hash' if self.hashed else ''}"
+
+
+def layers(params: ModelParams, groups: dict[str, PoolGroup]) -> list[Layer]:
+    """Every layer of the model (main layers, then MTP), as graph arguments."""
+    args, out = params.args, []
+    for layer in range(args.n_layers + args.n_mtp_layers):
+        prefix, kind = args.prefix(layer), args.kind(layer)
+        weights = {name[len(prefix):]: t for name, t in params.dense.items()
+                   if name.startswith(prefix)}
+        experts = params.experts[layer]
+        where = {g: torch.tensor(groups[g].layer_index(layer), device=params.device)
+                 for g in GROUPS_OF[kind]}
+        out.append(Layer(layer, kind, args.is_hash(layer), weights,
+                         (experts.w1, experts.w2, experts.w3),
+                         params.rope.table(kind in ("csa", "hca")), where))
+    return out
+
+
+def block(args: ModelArgs, kind: str, hashed: bool, groups: dict[str, PoolGroup],
+          h: torch.Tensor, ids: torch.Tensor, start: torch.Tensor, length: torch.Tensor,
+          rank: torch.Tensor, tables: dict[str, torch.Tensor], pools: dict[str, torch.Tensor],
+          where: dict[str, torch.Tensor], w: Weights, experts: tuple, inv_freq: torch.Tensor,
+          entries: torch.Tensor | None) -> torch.Tensor:
+    """h [N, S, hc, dim] -> h through one layer of `kind`; writes its pools. For the MTP
+    block, h is the block's input (see mtp_input)."""
+    n, s, hc, dim = h.shape
+    _same_rows(n, ids, start, length, rank, *tables.values())
+    if entries is not None and kind == "csa":
+        torch._check(entries.shape[0] >= args.index_topk)
+    rows = Rows(ids, start, length, rank, tables)
+    paged = {g: Paged(pools[g], groups[g], where[g]) for g in GROUPS_OF[kind]}
+    mix = (args.norm_eps, args.hc_eps, args.hc_sinkhorn_iters)
+    h = h.reshape(n * s, hc, dim)
+    y, post, comb = hc_pre(h, w["hc_attn_fn"], w["hc_attn_base"], w["hc_attn_scale"], *mix)
+    x = rms_norm(y, w["attn_norm.weight"], args.norm_eps)
+    kind_of_attention = "sliding" if kind == "mtp" else kind
+    out = attention(w, args, kind_of_attention, x, rows, paged, inv_freq, entries)
+    h = hc_post(out, h, post, comb)
+    y, post, comb = hc_pre(h, w["hc_ffn_fn"], w["hc_ffn_base"], w["hc_ffn_scale"], *mix)
+    x = rms_norm(y, w["ffn_norm.weight"], args.norm_eps)
+    chosen, weights = route(w, args, hashed, x, ids.reshape(-1))
+    out = routed(*experts, x, chosen, weights, args.swiglu_limit) + shared(w, x)
+    return hc_post(out, h, post, comb).view(n, s, hc, dim)
+
+
+def head(args: ModelArgs, h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor,
+         scale: torch.Tensor, norm: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Streams [..., hc, dim] -> float32 logits [..., vocab]: hc_head, norm, head."""
+    shape = h.shape[:-2]
+    h = h.reshape(-1, *h.shape[-2:])
+    x = rms_norm(hc_head(h, fn, base, scale, args.norm_eps, args.hc_eps), norm, args.norm_eps)
+    return F.linear(x, weight).float().view(*shape, -1)
+
+
+def mtp_input(args: ModelArgs, w: Weights, embed: torch.Tensor, h: torch.Tensor,
+              next_ids: torch.Tensor) -> torch.Tensor:
+    """e_proj(enorm(embed(next))) broadcast over the streams + h_proj(hnorm(h));
+    h [..., hc, dim], next_ids [...]."""
+    e = F.linear(rms_norm(embed[next_ids], w["enorm.weight"], args.norm_eps),
+                 w["e_proj.weight"])
+    hh = F.linear(rms_norm(h, w["hnorm.weight"], args.norm_eps), w["h_proj.weight"])
+    return e.unsqueeze(-2) + hh
+
+
+def mtp_kv(args: ModelArgs, groups: dict[str, PoolGroup], h: torch.Tensor,
+           next_ids: torch.Tensor, start: torch.Tensor, length: torch.Tensor,
+           rank: torch.Tensor, table: torch.Tensor, pool: torch.Tensor,
+           where: torch.Tensor, w: Weights, embed: torch.Tensor,
+           inv_freq: torch.Tensor) -> None:
+    """Only the MTP layer's sliding KV for rows of positions start.. (see runtime/model):
+    a key row depends on its own token's input alone."""
+    n, s = next_ids.shape
+    _same_rows(n, h, start, length, rank, table)
+    rows = Rows(next_ids, start, length, rank, {"ori": table})
+    x = mtp_input(args, w, embed, h, next_ids).view(n * s, *h.shape[-2:])
+    y, _, _ = hc_pre(x, w["hc_attn_fn"], w["hc_attn_base"], w["hc_attn_scale"],
+                     args.norm_eps, args.hc_eps, args.hc_sinkhorn_iters)
+    kv = project_kv(w, args, rms_norm(y, w["attn_norm.weight"], args.norm_eps),
+                    rows.pos.reshape(-1), inv_freq)
+    ori = Paged(pool, groups["ori"], where)
+    ori.write(rows, rows.pos, rows.last(ori.capacity), kv.view(n, s, -1))
+
+
+def _same_rows(count, *tensors: torch.Tensor) -> None:
+    """Tell the compiler that these tensors share their first dimension, the call's row
+    count: it varies from call to call, so no shape states it."""
+    for tensor in tensors:
+        torch._check(tensor.shape[0] == count)

@@ -1,0 +1,171 @@
+"""The four kernel kinds over a CompiledModel: which rows a launch carries, in what
+calls, and where the results go. No Python loop over requests, segments, ranks or
+experts and no host sync: the rows in use are read from the staged metadata's host
+copies, gathered on the device, run as one call (a main prefill: one call per tile of
+its extent), and scattered back into the wrapper's output buffers.
+
+    decode       the launch's live rows, [N, seq]
+    decode_mtp   the same; [tail, drafts] built on the device from the MTP slots, and a
+                 row whose slot generation moved on is masked (length 0), its outputs
+                 left as they were
+    prefill_main tile i of every chunk still going, [P, tile], for each tile i
+    prefill_mtp  the slots with a window, [P, mtp_window]
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from runtime.abi import KernelABI
+from runtime.backends.compiled.model import Call, CompiledModel
+
+
+def _rows(mask: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Flat indices [N] of the True entries of a [ranks, rows] host mask."""
+    return torch.from_numpy(np.nonzero(mask.reshape(-1))[0]).to(device)
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """[ranks, rows, ...] -> [ranks * rows, ...]."""
+    return t.reshape(-1, *t.shape[2:])
+
+
+def _tables(kernel: KernelABI, args, index: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {g: _flat(getattr(args, "block_table_" + g))[index].long() for g in kernel.groups}
+
+
+def _pools(kernel: KernelABI, args) -> dict[str, torch.Tensor]:
+    return {g: getattr(args, "pool_" + g) for g in kernel.groups}
+
+
+def decode(model: CompiledModel, kernel: KernelABI, args) -> None:
+    """Logits of every token of the live rows."""
+    index = _rows(args.host["row_lens"] > 0, args.token_ids.device)
+    if not len(index):
+        return
+    batch = args.token_ids.shape[1]
+    call = Call(_flat(args.token_ids)[index], _flat(args.positions)[index].long(),
+                _flat(args.row_lens)[index].long(), index // batch, _tables(kernel, args, index))
+    h = model.main(call, _pools(kernel, args), kernel.context_bucket(args.context))
+    _flat(args.logits).index_copy_(0, index, model.logits(h))
+
+
+def decode_mtp(model: CompiledModel, kernel: KernelABI, args) -> None:
+    """Per row: K greedy drafts from its slot's (hidden, tail), then the main model on
+    [tail, drafts]; logits, streams and drafts of the live rows."""
+    index = _rows(args.host["slot_ids"] >= 0, args.slot_ids.device)
+    if not len(index):
+        return
+    field, batch = kernel.mtp_field, args.slot_ids.shape[1]
+    rank, slot = index // batch, _flat(args.slot_ids)[index].long()
+    state = args.mtp_slots[rank, slot]                                     # [N, fields]
+    live = ((slot >= 0) & (state[:, field.GENERATION] == _flat(args.slot_gens)[index])).long()
+    tail, tail_pos = state[:, field.TAIL_TOKEN], state[:, field.TAIL_POS]
+    tables, pools = _tables(kernel, args, index), _pools(kernel, args)
+    bucket, k = kernel.context_bucket(args.context), args.draft_ids.shape[-1]
+    hidden, token, drafts = args.mtp_slot_hidden[rank, slot], tail, []
+    for step in range(k):          # K is the layout's: unrolled, not data-driven
+        call = Call(token[:, None], tail_pos - 1 + step, live, rank, tables)
+        hidden = model.mtp(hidden[:, None], call, pools, bucket)[:, 0]
+        token = model.logits(hidden, mtp=True).argmax(-1)
+        drafts.append(token)
+    drafts = torch.stack(drafts, dim=1)
+    call = Call(torch.cat((tail[:, None], drafts), dim=1), tail_pos, live * (k + 1), rank,
+                tables)
+    h = model.main(call, pools, bucket)
+    keep = live.bool()
+    for out, new in ((args.logits, model.logits(h)), (args.hidden, h),
+                     (args.draft_ids, drafts)):
+        old = _flat(out)[index]
+        mask = keep.view(-1, *([1] * (new.dim() - 1)))
+        _flat(out).index_copy_(0, index, torch.where(mask, new.to(out.dtype), old))
+
+
+def prefill_mtp(model: CompiledModel, kernel: KernelABI, args) -> None:
+    """The MTP layer's sliding KV over each slot's window."""
+    index = _rows(args.host["num_rows"] > 0, args.next_ids.device)
+    if not len(index):
+        return
+    slots = args.next_ids.shape[1]
+    call = Call(_flat(args.next_ids)[index], _flat(args.start_pos)[index].long(),
+                _flat(args.num_rows)[index].long(), index // slots,
+                {"ori": _flat(args.block_table_ori)[index].long()})
+    model.mtp_kv(_flat(args.mtp_hidden)[index], call, args.pool_ori)
+
+
+def prefill_main(model: CompiledModel, kernel: KernelABI, args) -> None:
+    """Walk the extent one tile at a time, every chunk still going in the same call;
+    keep each chunk's last row (its logits) and its last mtp_window rows."""
+    walk = Walk(kernel, args)
+    if not walk.chunks:
+        return
+    pools = _pools(kernel, args)
+    for step in range(walk.steps):
+        call, bucket = walk.call(step)
+        walk.collect(step, model.main(call, pools, bucket))
+    index = walk.finished
+    _flat(args.logits).index_copy_(0, index, model.logits(walk.last[index]))
+
+
+class Walk:
+    """The tile walk of one main prefill, from the host copies of its metadata: which
+    chunks each step carries and where their outputs go."""
+
+    def __init__(self, kernel: KernelABI, args):
+        self.kernel, self.args, self.tile = kernel, args, kernel.tile
+        lens = args.host["chunk_lens"]
+        self.home = np.nonzero(lens.reshape(-1) > 0)[0]         # flat (rank, slot) of chunks
+        self.chunks = len(self.home)
+        self.lens = lens.reshape(-1)[self.home].astype(np.int64)
+        self.starts = args.host["start_pos"].reshape(-1)[self.home].astype(np.int64)
+        self.steps = -(-int(self.lens.max(initial=0)) // self.tile)
+        self.slots = lens.shape[1]
+        self.device = args.token_ids.device
+        self.mtp = _flat(args.mtp_hidden) if hasattr(args, "mtp_hidden") else None
+        hc, dim = args.weights.args.hc_mult, args.weights.args.dim
+        self.last = torch.zeros((lens.size, hc, dim), dtype=args.weights.dtype,
+                                device=self.device)
+        self.finished = self._index(self.home)
+        self._going = np.zeros(0, np.int64)
+
+    def _index(self, values: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)).to(self.device)
+
+    def call(self, step: int) -> tuple[Call, int]:
+        """The call of tile `step` and its context bucket."""
+        at = step * self.tile
+        self._going = np.nonzero(self.lens > at)[0]
+        going = self._going
+        home = self._index(self.home[going])
+        start, length = self.starts[going] + at, np.minimum(self.lens[going] - at, self.tile)
+        bucket = self.kernel.context_bucket(int((start + length).max()))
+        ids = _flat(self.args.token_ids)[home, at:at + self.tile]
+        return Call(ids, self._index(start), self._index(length), home // self.slots,
+                    _tables(self.kernel, self.args, home)), bucket
+
+    def collect(self, step: int, h: torch.Tensor) -> None:
+        """Keep the last row of the chunks ending in this tile, and the rows of each
+        chunk's last mtp_window."""
+        flat = h.reshape(-1, *h.shape[2:])                         # [P * tile, hc, dim]
+        at, going = step * self.tile, self._going
+        lens, home = self.lens[going], self.home[going]
+        length = np.minimum(lens - at, self.tile)
+        ends = lens <= at + self.tile
+        src = np.nonzero(ends)[0] * self.tile + length[ends] - 1
+        self.last.index_copy_(0, self._index(home[ends]), flat[self._index(src)])
+        if self.mtp is None:
+            return
+        window = self.mtp.shape[1]
+        keep = np.minimum(window, lens)
+        first = np.maximum(at, lens - keep)                  # chunk rows to keep in tile
+        count = np.maximum(0, at + length - first)
+        src = _ranges(np.arange(len(going)) * self.tile + first - at, count)
+        dst = _ranges(home * window + first - (lens - keep), count)
+        self.mtp.view(-1, *self.mtp.shape[2:]).index_copy_(0, self._index(dst),
+                                                           flat[self._index(src)])
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The concatenation of arange(s, s + c) for every (s, c)."""
+    offsets = np.repeat(starts - np.cumsum(counts) + counts, counts)
+    return offsets + np.arange(int(counts.sum()))

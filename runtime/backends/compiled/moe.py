@@ -1,0 +1,45 @@
+"""Mixture of experts without a loop over experts: dispatch, grouped matmuls, combine.
+
+Routing is runtime/model/moe.py's. The T*k (token, expert) pairs are sorted by expert
+(stably): since expert e lives on rank e // experts_per_rank, that order is also the
+dispatch of token rows to their owning ranks, and the way back is its inverse
+permutation. Between the two, each expert's contiguous run of rows goes through its
+weights in one grouped matmul.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+@torch.library.custom_op("v4serve::grouped_mm", mutates_args=())
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """a [M, K] in expert runs ending at offs [E] (int32), b [E, K, N] -> [M, N]."""
+    if a.device.type == "cpu" or a.dtype == torch.bfloat16:
+        return torch._grouped_mm(a, b, offs=offs)
+    # where no grouped kernel takes this dtype: each row's expert matrix, gathered
+    expert = torch.searchsorted(offs, torch.arange(a.shape[0], device=a.device), right=True)
+    return torch.bmm(a[:, None, :], b[expert.clamp(max=b.shape[0] - 1)])[:, 0]
+
+
+@grouped_mm.register_fake
+def _(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    return a.new_empty(a.shape[0], b.shape[-1])
+
+
+def routed(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x: torch.Tensor,
+           chosen: torch.Tensor, weights: torch.Tensor, limit: float) -> torch.Tensor:
+    """Dispatch every (token, expert) pair, run the experts (stacked w1, w3 [E, inter, dim],
+    w2 [E, dim, inter]), combine weighted by route."""
+    t, k = chosen.shape
+    flat = chosen.reshape(-1)
+    order = torch.argsort(flat, stable=True)          # dispatch: by expert, so by rank
+    counts = torch.zeros(w1.shape[0], dtype=torch.int64, device=x.device)
+    counts = counts.scatter_add(0, flat, torch.ones_like(flat))
+    offs = counts.cumsum(0).to(torch.int32)
+    rows = x[order // k]                                                   # [T*k, dim]
+    gate = grouped_mm(rows, w1.transpose(1, 2), offs).clamp(max=limit)
+    up = grouped_mm(rows, w3.transpose(1, 2), offs).clamp(-limit, limit)
+    y = grouped_mm(F.silu(gate) * up, w2.transpose(1, 2), offs)    # [T*k, dim]
+    back = torch.empty_like(y).index_copy(0, order, y)                     # combine
+    return (back.view(t, k, -1).float() * weights[..., None]).sum(1).to(x.dtype)

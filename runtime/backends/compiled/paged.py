@@ -1,0 +1,115 @@
+"""One pool group seen through a call's block tables: gathers and masked writes.
+
+The group is one tensor [ranks, layers, blocks + 1, rows_per_page, width]; index i of a
+request (a token position, or an entry index) lives at
+
+    ring group:  page (i // rows_per_page) % ring_pages of its table, row i % rows_per_page
+    full group:  page  i // rows_per_page,                           row i % rows_per_page
+
+Every address is computed for every (row, index) pair of a call; pairs that are masked
+off, or whose table entry is -1, address the scratch page (block `blocks`). Reads of
+masked pairs come back as zeros, so junk on the scratch page never reaches a result.
+"""
+from __future__ import annotations
+
+import torch
+
+from runtime.abi import PoolGroup
+from runtime.backends.compiled.rows import Rows
+
+
+class Paged:
+    """Group `group` at one layer: `layer` is the layer's index along the group's layer
+    dimension (a 0-d tensor, so that every layer of a kind runs the same graph)."""
+
+    def __init__(self, pool: torch.Tensor, group: PoolGroup, layer: torch.Tensor | int):
+        self.pool, self.group, self.layer = pool, group, layer
+        _, self.layers, self.blocks, self.rows, self.width = pool.shape
+        self.scratch = self.blocks - 1
+
+    @property
+    def capacity(self) -> int:
+        """Indices a ring group holds per request."""
+        return self.group.table_width * self.rows
+
+    def address(self, rows: Rows, index: torch.Tensor,
+                ok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flat row numbers [N, M] of indices [N, M] of each row's request, and which of
+        them are real (ok, on a page the request holds)."""
+        index = index.clamp(min=0)
+        page = index // self.rows
+        page = page % self.group.table_width if self.group.policy == "ring" \
+            else page.clamp(max=self.group.table_width - 1)
+        block = rows.tables[self.group.name].gather(1, page)
+        real = ok & (block >= 0)
+        block = torch.where(real, block, self.scratch)
+        layer_row = rows.rank[:, None] * self.layers + self.layer
+        return (layer_row * self.blocks + block) * self.rows + index % self.rows, real
+
+    def read(self, rows: Rows, index: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
+        """Rows [N, M, width] at indices [N, M]; zeros where not real."""
+        where, real = self.address(rows, index, ok)
+        values = read_rows(self.pool, where.reshape(-1)).view(*where.shape, self.width)
+        return torch.where(real[..., None], values, 0)
+
+    def write(self, rows: Rows, index: torch.Tensor, ok: torch.Tensor,
+              values: torch.Tensor) -> None:
+        """Store values [N, M, width] at indices [N, M] where ok; masked pairs land on
+        the scratch page. Valid pairs must address distinct rows."""
+        where = self.address(rows, index, ok)[0].reshape(-1)
+        write_rows(self.pool, where, values.reshape(-1, self.width).to(self.pool.dtype))
+
+    def read_then_write(self, rows: Rows, index: torch.Tensor, ok: torch.Tensor,
+                        new_index: torch.Tensor, new_ok: torch.Tensor,
+                        values: torch.Tensor) -> torch.Tensor:
+        """read(index, ok), then write(new_index, new_ok, values), as one access: what is
+        read is the pool before the write."""
+        where, real = self.address(rows, index, ok)
+        new_where = self.address(rows, new_index, new_ok)[0].reshape(-1)
+        old = read_then_write_rows(self.pool, where.reshape(-1), new_where,
+                                   values.reshape(-1, self.width).to(self.pool.dtype))
+        return torch.where(real[..., None], old.view(*where.shape, self.width), 0)
+
+
+# Pool rows are read and written through opaque ops. Expressed with aten ops on a view
+# of the pool, or as a read and an independent write, a later use of the earlier read
+# makes the compiler copy the whole pool to keep the read's value; a read that must see
+# the pool before a write is one op with that write (read_then_write_rows).
+
+
+@torch.library.custom_op("v4serve::read_rows", mutates_args=())
+def read_rows(pool: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """pool viewed as rows [*, width]: rows `where` [M] -> [M, width]."""
+    return pool.view(-1, pool.shape[-1]).index_select(0, where)
+
+
+@read_rows.register_fake
+def _(pool: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    return pool.new_empty(where.shape[0], pool.shape[-1])
+
+
+@torch.library.custom_op("v4serve::write_rows", mutates_args=("pool",))
+def write_rows(pool: torch.Tensor, where: torch.Tensor, values: torch.Tensor) -> None:
+    """pool viewed as rows [*, width]: rows `where` [M] := values [M, width], in place."""
+    pool.view(-1, pool.shape[-1]).index_copy_(0, where, values)
+
+
+@write_rows.register_fake
+def _(pool: torch.Tensor, where: torch.Tensor, values: torch.Tensor) -> None:
+    return None
+
+
+@torch.library.custom_op("v4serve::read_then_write_rows", mutates_args=("pool",))
+def read_then_write_rows(pool: torch.Tensor, where: torch.Tensor, new_where: torch.Tensor,
+                         values: torch.Tensor) -> torch.Tensor:
+    """Rows `where` of pool as they were, then rows `new_where` := values."""
+    rows = pool.view(-1, pool.shape[-1])
+    old = rows.index_select(0, where)
+    rows.index_copy_(0, new_where, values)
+    return old
+
+
+@read_then_write_rows.register_fake
+def _(pool: torch.Tensor, where: torch.Tensor, new_where: torch.Tensor,
+      values: torch.Tensor) -> torch.Tensor:
+    return pool.new_empty(where.shape[0], pool.shape[-1])
