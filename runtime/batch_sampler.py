@@ -44,6 +44,7 @@ class RowParams:
     bias: torch.Tensor              # [N, B] float32
     filtered: bool                  # any row uses top-k, top-p or min-p
     penalized: bool                 # any row has a penalty
+    greedy: bool                    # every row is greedy: no distribution, no draw
 
 
 class RowParamsBuilder:
@@ -74,7 +75,8 @@ class RowParamsBuilder:
             bias_ids=torch.from_numpy(bias_ids).to(self.device),
             bias=torch.from_numpy(bias).to(self.device),
             filtered=any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params),
-            penalized=any(p.penalized for p in params))
+            penalized=any(p.penalized for p in params),
+            greedy=all(p.greedy for p in params))
 
 
 class PenaltyState:
@@ -186,6 +188,8 @@ def sample(logits: torch.Tensor, rows: RowParams, counts: torch.Tensor | None,
     """One token per row [N] from logits [N, V], and whether the row's distribution was
     sound (some finite, positive mass; else the token means nothing)."""
     logits = adjusted(logits, rows, counts, seen)
+    if rows.greedy:
+        return logits.argmax(-1), torch.isfinite(logits).any(-1)
     probs = probabilities(logits, rows)
     drawn = draw(probs, rows.seed, rows.counter)
     greedy = _greedy(rows)
@@ -201,6 +205,8 @@ def verify(logits: torch.Tensor, draft: torch.Tensor, rows: RowParams,
     kept, else [target, -]. Lossless: a kept draft is a draw from p, a rejection draws
     from p with the draft removed."""
     first = adjusted(logits[:, 0], rows, counts, seen)
+    if rows.greedy:
+        return _verify_greedy(logits, first, draft, rows, counts, seen)
     probs = probabilities(first, rows)
     u = uniform(rows.seed, rows.counter, probs.shape[1] + 1)[:, -1]     # a lane of its own
     p_draft = probs.gather(1, draft[:, None])[:, 0]
@@ -221,6 +227,20 @@ def verify(logits: torch.Tensor, draft: torch.Tensor, rows: RowParams,
                                 torch.isfinite(probs).all(-1))
     tokens = torch.stack((torch.where(kept, draft, target), bonus), dim=1)
     return tokens, kept, sound
+
+
+def _verify_greedy(logits: torch.Tensor, first: torch.Tensor, draft: torch.Tensor,
+                   rows: RowParams, counts: torch.Tensor | None, seen: torch.Tensor | None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """verify() when every row is greedy: the draft is kept exactly when it is the argmax."""
+    target = first.argmax(-1)
+    kept = target == draft
+    if counts is not None:
+        one = torch.zeros_like(counts).scatter_(1, draft[:, None], 1)
+        counts, seen = counts + one, seen | one.bool()
+    bonus, sound = sample(logits[:, 1], rows, counts, seen)
+    sound = sound & torch.isfinite(first).any(-1)
+    return torch.stack((torch.where(kept, draft, target), bonus), dim=1), kept, sound
 
 
 def logprobs(logits: torch.Tensor, tokens: torch.Tensor,

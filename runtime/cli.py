@@ -45,6 +45,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu | cuda | npu (default: the spec's)")
     parser.add_argument("--max-logprobs", type=int, default=20,
                         help="most top log-probs a request may ask for (default: 20)")
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="run the compiled backend's graphs without compiling them")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -57,7 +59,19 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         enable_chunked_prefill=args.enable_chunked_prefill,
         kv_cache_memory=args.kv_cache_memory, device=args.device,
-        max_logprobs=args.max_logprobs)
+        max_logprobs=args.max_logprobs, enforce_eager=args.enforce_eager,
+        defer_compile=getattr(args, "defer_compile", False))
+
+
+def precompile_command(config: EngineConfig) -> list[str]:
+    """The command that compiles and saves every graph of this engine configuration."""
+    command = [sys.executable, "-m", "runtime.backends.compiled.precompile",
+               "--spec", config.spec, "--model", str(config.model)]
+    if config.num_speculative_tokens is not None:
+        command += ["--num-speculative-tokens", str(config.num_speculative_tokens)]
+    if config.device:
+        command += ["--device", config.device]
+    return command
 
 
 def build_engine(args: argparse.Namespace) -> Engine:
@@ -107,7 +121,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                              "token ids")
     parser.add_argument("--json", action="store_true",
                         help="one JSON object per prompt, then a summary object")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, defer_compile=True)
+
+
+def add_compile_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "compile", help="compile and save every graph of a spec's compiled backend",
+        description="Compile every graph the engine flags need and save it under "
+                    "V4SERVE_CACHE_DIR (default ~/.cache/v4serve), so that serve and "
+                    "generate start with compiled graphs.")
+    add_engine_args(parser)
+    parser.set_defaults(func=run_compile)
+
+
+def run_compile(args: argparse.Namespace) -> int:
+    import logging
+    import subprocess
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    return subprocess.call(precompile_command(engine_config(args)))
 
 
 class PromptError(ValueError):
@@ -193,6 +225,11 @@ def run(args: argparse.Namespace) -> int:
         print("generate: give --prompt, --prompt-ids or --prompts-file", file=sys.stderr)
         return 2
     engine = build_engine(args)
+    engine.warmup()
+    if engine.pending_graphs():
+        print(f"generate: {engine.pending_graphs()} graph(s) are not compiled yet and run "
+              "eagerly; `v4serve compile` (or a first `v4serve serve`) compiles them",
+              file=sys.stderr)
     try:
         checked = _check_prompts(engine, prompts, params)
     except PromptError as exc:

@@ -50,6 +50,8 @@ class EngineConfig:
     device: str | None = None                     # None: the spec's device
     backend: str | None = None
     max_logprobs: int = 20                        # most top log-probs a request may ask for
+    enforce_eager: bool = False                   # never compile (vLLM's --enforce-eager)
+    defer_compile: bool = False                   # uncompiled graphs run eagerly meanwhile
 
 
 @dataclass
@@ -101,13 +103,33 @@ class Engine:
                                    slots)
         device = torch.device(config.device or spec.contract.DEVICE)
         self.runner = ModelRunner(spec, params, self.capacity.blocks, self.k,
-                                  config.backend or spec.contract.BACKEND, device)
+                                  _backend(config, spec), device)
+        if config.defer_compile and hasattr(self.runner.decode.backend, "defer"):
+            self.runner.decode.backend.defer = True
         self.runner.max_logprobs = config.max_logprobs
         self.stats = Stats()
         self.requests: dict[str, Request] = {}
         self._detok: dict[str, Detokenizer] = {}
         self._ids = itertools.count()
         self._arrival = itertools.count()
+
+    def warmup(self) -> dict[str, float]:
+        """Compile (or load from the cache) every graph of a compiling backend before
+        the first request; returns seconds per graph (empty for an eager backend). With
+        defer_compile, graphs not compiled yet stay eager (see pending_graphs)."""
+        self.runner.warmup()
+        graphs = self.graphs
+        return dict(graphs.seconds) if graphs is not None else {}
+
+    @property
+    def graphs(self):
+        """The compiled backend's graphs (None for a backend that compiles nothing)."""
+        graphs = getattr(self.runner.decode.backend, "graphs", None)
+        return graphs if graphs is not None and graphs.compiling else None
+
+    def pending_graphs(self) -> int:
+        """Graphs that run eagerly until a compile saves them (defer_compile)."""
+        return self.graphs.pending() if self.graphs is not None else 0
 
     @classmethod
     def build(cls, config: EngineConfig) -> Engine:
@@ -259,6 +281,13 @@ class Engine:
     @property
     def dispatches(self) -> Counter[str]:
         return self.runner.dispatches
+
+
+def _backend(config: EngineConfig, spec) -> str:
+    """The kernel backend: the flag's, else the spec's; --enforce-eager runs the compiled
+    backend's graphs as they are."""
+    backend = config.backend or spec.contract.BACKEND
+    return "compiled-eager" if config.enforce_eager and backend == "compiled" else backend
 
 
 def _resolve(config: EngineConfig, spec) -> tuple[int, SchedulerConfig]:

@@ -26,7 +26,6 @@ import numpy as np
 import torch
 
 from runtime import batch_sampler
-from runtime.backends.compiled.graphs import Graphs, default_mode
 from runtime.batch_sampler import PenaltyState, RowParamsBuilder
 from runtime.model.params import ModelParams
 from runtime.request import Request
@@ -83,8 +82,6 @@ class ModelRunner:
         self.prefill = spec.kernels.PrefillMain(device, backend)
         self.prefill_mtp = spec.kernels.PrefillMtp(device, backend) if k else None
         self.decode = spec.kernels.DECODE_BY_K[k](device, backend)
-        compiled = backend.startswith("compiled") and backend != "compiled-eager"
-        self.graphs = Graphs(default_mode(device) if compiled else "eager")
         self.builder = RowParamsBuilder(device)
         self.states = spec.pools.REQUEST_SLOTS_PER_RANK + 1       # per rank, scratch last
         self.penalties: PenaltyState | None = None
@@ -157,6 +154,48 @@ class ModelRunner:
             tables[f"block_table_{group}"] = table
         return tables
 
+    # -- warmup ----------------------------------------------------------------------
+
+    def warmup(self) -> None:
+        """Run every kernel once with one row and with two (a row count of one is a
+        graph of its own), on rows whose block tables are all -1: they read zeros and
+        write only scratch pages, so no request's state is touched. A compiling
+        backend compiles (or loads from its cache) every graph here."""
+        c = self.spec.contract
+        shape = (c.RANKS, c.SLOTS_PER_RANK)
+        for live in (1, 2):
+            lens = np.zeros(shape, np.int32)
+            lens[0, :live] = c.TILE
+            common = dict(pools=self.pools, weights=self.params, **self._tables([], shape[1]))
+            out = self.prefill.launch(token_ids=np.zeros(shape + (c.TILE,), np.int64),
+                                      start_pos=np.zeros(shape, np.int32), chunk_lens=lens,
+                                      extent=c.TILE, **common)
+            if self.k:
+                self.prefill_mtp.launch(
+                    mtp_hidden=out.mtp_hidden, next_ids=np.zeros(shape + (c.MTP_WINDOW,),
+                                                                  np.int64),
+                    start_pos=np.zeros(shape, np.int32), num_rows=lens,
+                    block_table_ori=common["block_table_ori"], pools=self.pools,
+                    weights=self.params)
+            self._warm_decode(live)
+
+    def _warm_decode(self, live: int) -> None:
+        c = self.spec.contract
+        batch = c.DECODE_LAYOUTS[self.k].batch
+        shape = (c.RANKS, batch)
+        common = dict(pools=self.pools, weights=self.params, context=c.TILE,
+                      **self._tables([], batch))
+        if self.k:      # the scratch slot: generation 0, on scratch pages
+            slots = np.full(shape, -1, np.int32)
+            slots[0, :live] = self.spec.pools.REQUEST_SLOTS_PER_RANK
+            self.decode.launch(slot_ids=slots, slot_gens=np.zeros(shape, np.int64),
+                               mtp=self.mtp, **common)
+            return
+        lens = np.zeros(shape, np.int32)
+        lens[0, :live] = 1
+        self.decode.launch(token_ids=np.zeros(shape + (1,), np.int64),
+                           positions=np.zeros(shape, np.int32), row_lens=lens, **common)
+
     # -- decode ----------------------------------------------------------------------
 
     def _decode(self, launch: list[Request], results) -> list[_Sampled]:
@@ -204,9 +243,7 @@ class ModelRunner:
         logits = out.logits.view(-1, *out.logits.shape[2:])[flat]            # [n, 2, V]
         draft = out.draft_ids.view(-1, out.draft_ids.shape[-1])[flat][:, 0]
         counts, seen = self._penalties_of(rows_params)
-        tokens, kept, sound = self.graphs.run(
-            "verify", batch_sampler.verify, logits, draft, rows_params, counts, seen,
-            dynamic=(logits, draft))
+        tokens, kept, sound = batch_sampler.verify(logits, draft, rows_params, counts, seen)
         self._advance_slots([r for r, _ in requests], tokens, kept,
                             out.hidden.view(-1, *out.hidden.shape[2:])[flat])
         count = 1 + kept.long()
@@ -373,8 +410,7 @@ class ModelRunner:
             return []
         logits = logits[torch.tensor([i for _, i in ok], device=self.device)]
         counts, seen = self._penalties_of(rows_params)
-        token, sound = self.graphs.run("sample", batch_sampler.sample, logits, rows_params,
-                                       counts, seen, dynamic=(logits,))
+        token, sound = batch_sampler.sample(logits, rows_params, counts, seen)
         tokens = token[:, None]
         count = torch.ones_like(token)
         self._count_penalties(rows_params, tokens, count)

@@ -52,6 +52,7 @@ class ServerState:
     api_key: str | None = None
     max_body_bytes: int = 8 << 20
     max_n: int | None = None          # most choices (n, best_of) per prompt; None: max_num_seqs
+    compile_process: object = None    # the background compile of missing graphs, if any
     draining: bool = False
     in_flight: int = 0
     ready: bool = False
@@ -491,4 +492,15 @@ def server_info(state: ServerState) -> dict:
                    "max_num_seqs": engine.limits.max_num_seqs,
                    "chunked_prefill": engine.limits.chunked_prefill},
         "mtp": {"enabled": engine.k > 0, "num_speculative_tokens": engine.k},
+        "graphs": _graphs(engine),
     }
+
+
+def _graphs(engine) -> dict:
+    """The compiled backend's graphs: seconds each took to compile or load, and how
+    many still run eagerly while a background compile finishes them."""
+    graphs = engine.graphs
+    if graphs is None:
+        return {"mode": "eager", "compiled": {}, "pending": 0}
+    return {"mode": graphs.mode, "pending": graphs.pending(),
+            "compiled": {key: round(seconds, 3) for key, seconds in graphs.seconds.items()}}

@@ -9,13 +9,14 @@ import argparse
 import asyncio
 import logging
 import signal
+import subprocess
 import sys
 import time
 
 import uvicorn
 
 from runtime.async_engine import AsyncEngine
-from runtime.cli import add_engine_args, build_engine
+from runtime.cli import add_engine_args, build_engine, precompile_command
 from server.app import ServerState, build_app
 
 log = logging.getLogger("v4serve")
@@ -31,6 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_engine_args(parser)
+    parser.set_defaults(defer_compile=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", default=None,
@@ -75,14 +77,34 @@ class DrainingServer(uvicorn.Server):
 
 
 def make_server(args: argparse.Namespace) -> tuple[DrainingServer, ServerState]:
-    engine = AsyncEngine(build_engine(args))
+    built = build_engine(args)
+    compiling = warm_up(built)
+    engine = AsyncEngine(built)
     spec = engine.engine.spec
     state = ServerState(engine, spec, args.served_model_name or spec.SPEC_NAME,
                         api_key=args.api_key, max_body_bytes=args.max_body_bytes,
-                        max_n=args.max_n)
+                        max_n=args.max_n, compile_process=compiling)
     config = uvicorn.Config(build_app(state), host=args.host, port=args.port,
                             log_level="info", timeout_graceful_shutdown=args.drain_timeout)
     return DrainingServer(config, state, args.drain_timeout), state
+
+
+def warm_up(engine) -> subprocess.Popen | None:
+    """Load every compiled graph there is; for the ones missing, serve eagerly while a
+    background process compiles and saves them (the engine picks each up when saved).
+    Returns that process, if one was started."""
+    start = time.perf_counter()
+    engine.warmup()
+    pending = engine.pending_graphs()
+    if pending:
+        process = subprocess.Popen(precompile_command(engine.config))
+        log.info("%d graph(s) are not compiled yet: compiling them in the background "
+                 "(pid %d); they run eagerly meanwhile", pending, process.pid)
+        return process
+    if engine.graphs is not None:
+        log.info("%d compiled graph(s) loaded in %.1f s", len(engine.graphs.seconds),
+                 time.perf_counter() - start)
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
         server.run()
     finally:
         state.engine.shutdown()
+        if state.compile_process is not None and state.compile_process.poll() is None:
+            state.compile_process.terminate()
     return 0
 
 

@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     codegen_cli.add_parser(sub)
     spec_new.add_parser(sub)
     runtime_cli.add_parser(sub)
+    runtime_cli.add_compile_parser(sub)
     server_cli.add_parser(sub)
     return parser
 

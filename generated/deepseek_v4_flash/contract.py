@@ -11,7 +11,7 @@ EP = 8
 TP = 1
 DEVICE = "cuda"
 DTYPE = "bfloat16"
-BACKEND = "torch"
+BACKEND = "compiled"
 EXPERTS_PER_RANK = 32
 
 # Main prefill: a dynamic extent up to MAX_EXTENT rows, walked in TILE-row tiles, with up

@@ -55,6 +55,7 @@ def _register_builtin() -> None:
 
     register_backend(CompiledBackend.name, CompiledBackend)
     register_backend("compiled-eager", lambda: CompiledBackend(mode="eager"))
+    register_backend("compiled-trace", lambda: CompiledBackend(mode="trace"))
     register_backend(DryRunBackend.name, DryRunBackend)
     register_backend(TorchBackend.name, TorchBackend)
 

@@ -64,14 +64,40 @@ def test_logits_agree_across_chunkings_and_with_transformers(params, prompt):
     assert (whole - want).abs().max() <= 1e-3
 
 
+def _engine(params, k: int, backend: str = "compiled-eager", **config) -> Engine:
+    config = EngineConfig(spec="tiny", model=MODEL, num_speculative_tokens=k, backend=backend,
+                          **config)
+    return Engine(config, TINY, params, Tokenizer(MODEL))
+
+
 def test_greedy_output_is_the_same_with_and_without_mtp(params):
     greedy = SamplingParams(temperature=0, max_tokens=48)
     prompts = ["def fibonacci(n):", "import os\n\n\ndef main():", "class Stack:\n    def"]
     outputs = {}
     for k in (0, 1):
-        engine = Engine(EngineConfig(spec="tiny", model=MODEL, num_speculative_tokens=k),
-                        TINY, params, Tokenizer(MODEL))
+        engine = _engine(params, k)
         outputs[k] = [o.output_ids for o in engine.generate(prompts, greedy)]
         if k:
             assert engine.stats.accepted_tokens > 0
     assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_both_backends_give_the_same_greedy_code(params, k):
+    """bench/code_prompts.txt, greedy, through the torch backend and the compiled one's
+    graphs: identical, but where the two top logits are closer than the backends' float
+    difference (1e-4), which the check below allows and verifies."""
+    import json
+
+    lines = (REPO / "bench" / "code_prompts.txt").read_text().splitlines()
+    prompts = [Tokenizer(MODEL).encode(json.loads(line)) for line in lines if line.strip()]
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    torch_out = _engine(params, k, "torch").generate(prompts, greedy)
+    compiled = _engine(params, k).generate(prompts, greedy)
+    for prompt, a, b in zip(prompts, torch_out, compiled):
+        if a.output_ids == b.output_ids:
+            continue
+        at = next(i for i, (x, y) in enumerate(zip(a.output_ids, b.output_ids)) if x != y)
+        logits, _ = Driver(params, spec=TINY).prefill(prompt + a.output_ids[:at], 8192)
+        top2 = logits[-1].topk(2).values
+        assert float(top2[0] - top2[1]) < 1e-4, (prompt, at)

@@ -11,6 +11,9 @@ from tests.model.support import REF, Driver, golden, reference_params
 TOL = 1e-4
 CASES = golden()
 C = REF.contract
+# the readable reference, and the compiled backend's loop-free graphs run eagerly
+# (tests/model/test_compiled.py compiles them)
+BACKENDS = ["torch", "compiled-eager"]
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +54,10 @@ def _weights_kwargs(driver: Driver, rows: int) -> dict:
                                                                  "weights": driver.params}
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", [CASES[1], CASES[4], CASES[7]],
                          ids=lambda c: f"prompt{len(c['prompt_ids'])}")
-def test_greedy_continuation_through_the_kernels(params, case):
+def test_greedy_continuation_through_the_kernels(params, case, backend):
     """prefill_main, then decode_b8s1 token by token: the reference's 16 greedy tokens."""
     driver = Driver(params, rank=3, row=1)
     prompt = case["prompt_ids"]
@@ -62,12 +66,12 @@ def test_greedy_continuation_through_the_kernels(params, case):
     tokens[3, 1, : len(prompt)] = prompt
     lens = np.zeros((C.RANKS, C.SLOTS_PER_RANK), np.int32)
     lens[3, 1] = len(prompt)
-    out = REF.kernels.PrefillMain(backend="torch").launch(
+    out = REF.kernels.PrefillMain(backend=backend).launch(
         token_ids=tokens, start_pos=np.zeros_like(lens), chunk_lens=lens, extent=extent,
         **_weights_kwargs(driver, C.SLOTS_PER_RANK))
     produced = [int(out.logits[3, 1].argmax())]
     batch = C.DECODE_LAYOUTS[0].batch
-    decode = REF.kernels.DECODE_BY_K[0](backend="torch")
+    decode = REF.kernels.DECODE_BY_K[0](backend=backend)
     driver.row = 5  # decode rows are numbered independently of prefill slots
     for step in range(len(case["greedy_ids"]) - 1):
         tok = np.zeros((C.RANKS, batch, 1), np.int64)
@@ -98,7 +102,8 @@ def test_mtp_block_matches_at_every_position(params):
         _assert_rows(out, case["mtp_top5_ids"], case["mtp_top5_logprobs"])
 
 
-def test_mtp_prefill_and_fused_decode_draft_like_the_reference(params):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mtp_prefill_and_fused_decode_draft_like_the_reference(params, backend):
     """prefill_main -> prefill_mtp -> decode_b4s2 steps: every draft and every main row
     matches the reference; the slot is committed as the runtime would."""
     case = CASES[6]  # 200-token prompt: the MTP window is a suffix of the prompt
@@ -110,7 +115,7 @@ def test_mtp_prefill_and_fused_decode_draft_like_the_reference(params):
     tokens[2, 0, :n] = prompt
     lens = np.zeros((C.RANKS, C.SLOTS_PER_RANK), np.int32)
     lens[2, 0] = n
-    out = REF.kernels.PrefillMain(backend="torch").launch(
+    out = REF.kernels.PrefillMain(backend=backend).launch(
         token_ids=tokens, start_pos=np.zeros_like(lens), chunk_lens=lens, extent=extent,
         **_weights_kwargs(driver, C.SLOTS_PER_RANK))
     assert int(out.logits[2, 0].argmax()) == greedy[0]
@@ -120,7 +125,7 @@ def test_mtp_prefill_and_fused_decode_draft_like_the_reference(params):
     next_ids[2, 0, : window - 1] = prompt[n - window + 1:]
     starts, rows = np.zeros_like(lens), np.zeros_like(lens)
     starts[2, 0], rows[2, 0] = n - window, window - 1
-    REF.kernels.PrefillMtp(backend="torch").launch(
+    REF.kernels.PrefillMtp(backend=backend).launch(
         mtp_hidden=hidden, next_ids=next_ids, start_pos=starts, num_rows=rows,
         **{k: v for k, v in _weights_kwargs(driver, C.SLOTS_PER_RANK).items()
            if k in ("block_table_ori", "pools", "weights")})
@@ -130,7 +135,7 @@ def test_mtp_prefill_and_fused_decode_draft_like_the_reference(params):
     _set_slot(mtp.slots[2, slot], greedy[0], n, generation)
     mtp.hidden[2, slot] = hidden[2, 0, window - 1]
     layout = C.DECODE_LAYOUTS[1]
-    fused = REF.kernels.DECODE_BY_K[1](backend="torch")
+    fused = REF.kernels.DECODE_BY_K[1](backend=backend)
     driver.row = 3
     committed = 1
     while committed < len(greedy) - 2:
@@ -163,7 +168,8 @@ def _set_slot(row: torch.Tensor, tail: int, tail_pos: int, generation: int) -> N
     row[FIELD.COMMITTED], row[FIELD.GENERATION] = tail_pos + 1, generation
 
 
-def test_a_stale_generation_leaves_the_slot_and_outputs_alone(params):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_stale_generation_leaves_the_slot_and_outputs_alone(params, backend):
     driver = Driver(params, rank=1, row=0)
     mtp = REF.pools.allocate_mtp_state()
     _set_slot(mtp.slots[1, 2], 5, 10, 4)
@@ -171,11 +177,11 @@ def test_a_stale_generation_leaves_the_slot_and_outputs_alone(params):
     slot_ids = np.full((C.RANKS, layout.batch), -1, np.int32)
     slot_ids[1, 0] = 2
     gens = np.full((C.RANKS, layout.batch), 3, np.int64)  # the slot moved on to generation 4
-    before = driver.pools.ori.clone()
-    fused = REF.kernels.DECODE_BY_K[1](backend="torch")
+    before = driver.pools.ori[:, :, :-1].clone()        # every real page (not the scratch)
+    fused = REF.kernels.DECODE_BY_K[1](backend=backend)
     fused.logits.fill_(7.0)
     out = fused.launch(slot_ids=slot_ids, slot_gens=gens, mtp=mtp, context=12,
                        **_weights_kwargs(driver, layout.batch))
     assert (out.logits == 7.0).all()
-    assert torch.equal(before, driver.pools.ori)
+    assert torch.equal(before, driver.pools.ori[:, :, :-1])
     assert mtp.slots[1, 2].tolist() == [5, 10, 11, 4]

@@ -18,6 +18,8 @@ from tests.runtime.engine_support import (
 )
 
 LENGTHS = [127, 128, 129, 255, 256, 257, 600]
+# the readable reference, and the compiled backend's graphs run eagerly
+BACKENDS = ["torch", "compiled-eager"]
 
 
 @pytest.fixture(scope="module")
@@ -32,17 +34,20 @@ def solo(params):
             for n in LENGTHS}
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("extent", [128, 256, 8192])
-def test_chunk_boundaries_do_not_change_greedy_output(params, solo, extent):
-    engine = make_engine(params, long_prefill_token_threshold=extent, num_speculative_tokens=0)
+def test_chunk_boundaries_do_not_change_greedy_output(params, solo, extent, backend):
+    engine = make_engine(params, long_prefill_token_threshold=extent, num_speculative_tokens=0,
+                         backend=backend)
     outputs = engine.generate([random_prompt(n, n) for n in LENGTHS], GREEDY)
     assert [o.output_ids for o in outputs] == [solo[n] for n in LENGTHS]
     assert engine.dispatches["prefill_main"] >= max(-(-n // extent) for n in LENGTHS)
     assert_all_free(engine)
 
 
-def test_an_8191_token_prompt_is_one_main_prefill_dispatch(params):
-    engine = make_engine(params, num_speculative_tokens=0)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_8191_token_prompt_is_one_main_prefill_dispatch(params, backend):
+    engine = make_engine(params, num_speculative_tokens=0, backend=backend)
     [output] = engine.generate([random_prompt(8191, 0)], SamplingParams(temperature=0,
                                                                         max_tokens=2))
     assert engine.dispatches["prefill_main"] == 1
@@ -55,10 +60,11 @@ def test_chunk_count_follows_the_lowered_extent(params):
     assert engine.dispatches["prefill_main"] == 4   # 256 + 256 + 256 + 232
 
 
-def test_mtp_is_lossless_with_the_checkpoint_drafts(params, solo):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mtp_is_lossless_with_the_checkpoint_drafts(params, solo, backend):
     prompts = [random_prompt(n, n) for n in LENGTHS]
     plain = make_engine(params, num_speculative_tokens=0).generate(prompts, GREEDY)
-    engine = make_engine(params, num_speculative_tokens=1)
+    engine = make_engine(params, num_speculative_tokens=1, backend=backend)
     mtp = engine.generate(prompts, GREEDY)
     assert [o.output_ids for o in mtp] == [o.output_ids for o in plain]
     assert engine.dispatches["decode_b4s2"] > 0 and engine.stats.draft_tokens > 0
@@ -102,8 +108,9 @@ def test_accepted_drafts_keep_greedy_output_identical(params, oracle_drafts):
     assert_all_free(engine)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("k", [0, 1])
-def test_preemption_under_pool_pressure_keeps_every_output(params, k):
+def test_preemption_under_pool_pressure_keeps_every_output(params, k, backend):
     """Prompts of 120 tokens fill a rank's compressed pools at admission; decoding past
     position 131 needs a second CSA block each, which only preemption can free."""
     prompts = [random_prompt(120, i) for i in range(64)]
@@ -112,16 +119,17 @@ def test_preemption_under_pool_pressure_keeps_every_output(params, k):
     running = 8 if k else 16                     # the rank's decode capacity for this K
     tight = capacity.bytes_for(REF.pools.GROUPS, running, 128 * 8)
     engine = make_engine(params, num_speculative_tokens=k, kv_cache_memory=tight,
-                         max_model_len=1024)
+                         max_model_len=1024, backend=backend)
     pressed = engine.generate(prompts, many)
     assert engine.scheduler.num_preemptions > 0
     assert [o.output_ids for o in pressed] == [o.output_ids for o in calm]
     assert_all_free(engine)
 
 
-def test_64_concurrent_requests_match_their_solo_runs(params):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_64_concurrent_requests_match_their_solo_runs(params, backend):
     prompts = [random_prompt(5 + (i * 97) % 700, 500 + i) for i in range(64)]
-    engine = make_engine(params)
+    engine = make_engine(params, backend=backend)
     requests = [engine.add_request(p, GREEDY) for p in prompts]
     final = {o.request_id: o for o in engine.step() if o.finished}
     assert {r.rank for r in requests if r.rank is not None} == set(range(8))
@@ -189,8 +197,9 @@ def test_preempted_requests_come_back_with_a_new_slot_generation(params):
         for rank, running in enumerate(engine.scheduler.running):
             for request in running:
                 if request.output_ids and not request.prefilling:
-                    device = engine.runner.mtp.slots[rank][request.slot]
-                    assert int(device[3]) == request.slot_generation
+                    device = engine.runner.mtp.slots[rank, request.slot]
+                    assert int(device[REF.pools.MtpField.GENERATION]) \
+                        == request.slot_generation
     assert engine.scheduler.num_preemptions > 0
     assert any(len(gens) > 1 for gens in handed.values())
     assert all(gens == sorted(set(gens)) for gens in handed.values())

@@ -23,7 +23,7 @@ from runtime.backends.compiled.compressor import compress
 from runtime.backends.compiled.paged import Paged
 from runtime.backends.compiled.rows import Rows
 from runtime.model.args import ModelArgs
-from runtime.model.attention import compressor_rows, output_projection, project_kv
+from runtime.model.attention import output_projection
 from runtime.model.norms import rms_norm, rms_scale
 from runtime.model.rope import apply_rope
 
@@ -31,22 +31,29 @@ Weights = dict[str, torch.Tensor]     # one layer's dense tensors, by name witho
 RATIO = {"csa": 4, "hca": 128}
 STATE_GROUP = {"csa": "csa_state", "hca": "hca_state"}
 ENTRY_GROUP = {"csa": "cmp_c4", "hca": "cmp_c128"}
+MANY_QUERIES = 8      # rows longer than this score the indexer a head at a time
 
 
-def attention(p: Weights, args: ModelArgs, kind: str, x: torch.Tensor, rows: Rows,
-              pools: dict[str, Paged], inv_freq: torch.Tensor,
+def attention(p: Weights, splits: dict[str, tuple[int, ...]], args: ModelArgs, kind: str,
+              x: torch.Tensor, rows: Rows, pools: dict[str, Paged], inv_freq: torch.Tensor,
               entries: torch.Tensor | None) -> torch.Tensor:
-    """x [N*S, dim] -> attention output [N*S, dim]; writes the layer's pools."""
+    """x [N*S, dim] -> attention output [N*S, dim]; writes the layer's pools. Every
+    projection of x is one matmul (fused.x), and so is every projection of qr."""
     n, s = rows.shape
     pos = rows.pos.reshape(-1)
-    qr = rms_norm(F.linear(x, p["attn.wq_a.weight"]), p["attn.q_norm.weight"], args.norm_eps)
-    q = F.linear(qr, p["attn.wq_b.weight"]).view(n * s, args.n_heads, args.head_dim)
+    xp = F.linear(x, p["fused.x"]).split(splits["fused.x"], dim=-1)
+    qr = rms_norm(xp[0], p["attn.q_norm.weight"], args.norm_eps)
+    qrp = F.linear(qr, p["fused.qr"]).split(splits["fused.qr"], dim=-1) if "fused.qr" in p \
+        else (F.linear(qr, p["attn.wq_b.weight"]),)
+    q = qrp[0].reshape(n * s, args.n_heads, args.head_dim)
     q = apply_rope(rms_scale(q, args.norm_eps), pos, inv_freq)
-    kv = project_kv(p, args, x, pos, inv_freq).view(n, s, -1)
+    kv = rms_norm(xp[1], p["attn.kv_norm.weight"], args.norm_eps)
+    kv = apply_rope(kv, pos, inv_freq).view(n, s, -1)
     keys, keys_ok = _window(pools["ori"], rows, kv, args.window)
     picked, picked_ok = None, None
     if kind in RATIO:
-        picked, picked_ok = _entries(p, args, kind, x, qr, rows, pools, inv_freq, entries)
+        picked, picked_ok = _entries(p, args, kind, xp[2:], qrp[1:], rows, pools, inv_freq,
+                                     entries)
     out = _attend(q.view(n, s, args.n_heads, -1), keys, keys_ok, picked, picked_ok,
                   p["attn.attn_sink"])
     out = apply_rope(out.view(n * s, args.n_heads, -1), pos, inv_freq, inverse=True)
@@ -68,14 +75,16 @@ def _window(ori: Paged, rows: Rows, kv: torch.Tensor,
     return keys, seen
 
 
-def _entries(p: Weights, args: ModelArgs, kind: str, x: torch.Tensor, qr: torch.Tensor,
-             rows: Rows, pools: dict[str, Paged], inv_freq: torch.Tensor,
+def _entries(p: Weights, args: ModelArgs, kind: str, xp: tuple[torch.Tensor, ...],
+             qrp: tuple[torch.Tensor, ...], rows: Rows, pools: dict[str, Paged],
+             inv_freq: torch.Tensor,
              entries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Update the compressor(s) with the rows' tokens, then the compressed keys each query
-    may use: HCA [N, E, D] with [N, S, E]; CSA [N, S, k, D] with [N, S, k]."""
+    may use: HCA [N, E, D] with [N, S, E]; CSA [N, S, k, D] with [N, S, k]. xp: the
+    compressor (and indexer) projections of x; qrp: the indexer's projection of qr."""
     ratio = RATIO[kind]
     pos = rows.pos.reshape(-1)
-    kv, score = compressor_rows(p, "attn.compressor.", x, pos, ratio)
+    kv, score = _compressor_rows(p, "attn.compressor.", xp[0], xp[1], pos, ratio)
     compress(pools[STATE_GROUP[kind]], pools[ENTRY_GROUP[kind]], rows, kv, score, ratio,
              p["attn.compressor.norm.weight"], args.norm_eps, inv_freq)
     visible = (rows.pos + 1) // ratio                                          # [N, S]
@@ -83,33 +92,43 @@ def _entries(p: Weights, args: ModelArgs, kind: str, x: torch.Tensor, qr: torch.
     if kind == "hca":
         keys = pools["cmp_c128"].read(rows, entries.expand_as(exists), exists)
         return keys, entries < visible[..., None]
-    kv, score = compressor_rows(p, "attn.indexer.compressor.", x, pos, ratio)
+    kv, score = _compressor_rows(p, "attn.indexer.compressor.", xp[2], xp[3], pos, ratio)
     compress(pools["csa_inner_state"], pools["idx"], rows, kv, score, ratio,
              p["attn.indexer.compressor.norm.weight"], args.norm_eps, inv_freq)
     index_keys = pools["idx"].read(rows, entries.expand_as(exists), exists)
-    chosen, ok = _select(p, args, x, qr, rows, index_keys, inv_freq, entries, visible)
+    chosen, ok = _select(args, xp[4], qrp[0], rows, index_keys, inv_freq, entries, visible)
     n, s = rows.shape
     picked = pools["cmp_c4"].read(rows, chosen.view(n, -1), ok.view(n, -1))
     return picked.view(n, s, chosen.shape[-1], -1), ok
 
 
-def _select(p: Weights, args: ModelArgs, x: torch.Tensor, qr: torch.Tensor, rows: Rows,
+def _compressor_rows(p: Weights, prefix: str, kv: torch.Tensor, gate: torch.Tensor,
+                     pos: torch.Tensor, ratio: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A compressor's input rows from its projections: kv, and gate scores + ape."""
+    return kv, gate.float() + p[prefix + "ape"][pos % ratio]
+
+
+def _select(args: ModelArgs, weights: torch.Tensor, iq: torch.Tensor, rows: Rows,
             keys: torch.Tensor, inv_freq: torch.Tensor, entries: torch.Tensor,
             visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The lightning indexer over keys [N, E, dim]: each query's top index_topk entries
-    [N, S, k] and which of them are visible.
-    score(t, j) = sum_h relu(q_th . k_j) * dim^-0.5 * w_th."""
+    """The lightning indexer over keys [N, E, dim], from its query projection iq and head
+    weights projection: each query's top index_topk entries [N, S, k] and which of them
+    are visible. score(t, j) = sum_h relu(q_th . k_j) * dim^-0.5 * w_th."""
     n, s = rows.shape
     heads, dim = args.index_heads, args.index_head_dim
-    iq = F.linear(qr, p["attn.indexer.wq_b.weight"]).view(n * s, heads, dim)
+    iq = iq.reshape(n * s, heads, dim)
     iq = apply_rope(iq, rows.pos.reshape(-1), inv_freq).view(n, s, heads, dim).float()
-    w = F.linear(x, p["attn.indexer.weights_proj.weight"]).float() * heads ** -0.5
+    w = weights.float() * heads ** -0.5
     w = w.view(n, s, heads)
     keys = keys.float()
-    scores = torch.zeros(n, s, entries.shape[0], device=x.device)
-    for h in range(heads):      # one head at a time: never an [N, S, heads, E] tensor
-        scores = scores + torch.relu(torch.einsum("nsd,ned->nse", iq[:, :, h], keys)) \
-            * dim ** -0.5 * w[:, :, h, None]
+    if s <= MANY_QUERIES:       # decode rows: every head in one product
+        scores = torch.einsum("nshd,ned->nshe", iq, keys).relu()
+        scores = (scores * (dim ** -0.5 * w)[..., None]).sum(2)
+    else:                       # prefill tiles: a head at a time, never [N, S, heads, E]
+        scores = torch.zeros(n, s, entries.shape[0], device=keys.device)
+        for h in range(heads):
+            scores = scores + torch.relu(torch.einsum("nsd,ned->nse", iq[:, :, h], keys)) \
+                * dim ** -0.5 * w[:, :, h, None]
     scores = scores.masked_fill(entries >= visible[..., None], float("-inf"))
     chosen = scores.topk(args.index_topk, dim=-1).indices
     return chosen, chosen < visible[..., None]

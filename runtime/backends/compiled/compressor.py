@@ -4,8 +4,10 @@ The formulas are those of runtime/model/compressor.py. Per row of S tokens start
 position s0, a buffer holds positions [base, base + M + S), M = coff * ratio and
 base = (s0 // ratio - (coff - 1)) * ratio: the pending rows read back from the state
 ring (positions before s0), then the row's own rows. A row closes at most
-C = ceil(S / ratio) windows; each candidate entry pools its window(s) from the buffer
-and is written where its closing token is valid (elsewhere: the scratch page).
+C = ceil(S / ratio) windows, entries j0 + c with j0 = s0 // ratio; entry j0 + c's window
+starts at buffer row (coff - 1 + c) * ratio whatever s0 is, so every candidate's
+window is a fixed slice of the buffer. Each candidate is pooled and written where its
+closing token is valid (elsewhere: the scratch page).
 """
 from __future__ import annotations
 
@@ -31,11 +33,11 @@ def compress(state: Paged, entries: Paged, rows: Rows, kv: torch.Tensor,
     base = (rows.start // ratio - (coff - 1)) * ratio                    # [N]
     new = torch.cat((kv, score), dim=-1).view(n, s, -1).to(state.pool.dtype)
     buffer = _buffer(state, rows, new, base, m)
+    count = math.ceil(s / ratio)
     closing = (ratio - 1 - rows.start % ratio)[:, None] \
-        + ratio * torch.arange(math.ceil(s / ratio), device=kv.device)   # [N, C]
+        + ratio * torch.arange(count, device=kv.device)                   # [N, C]
     entry = (rows.start[:, None] + closing + 1) // ratio - 1               # [N, C]
-    start = (entry * ratio - base[:, None]).clamp(0, m + s - ratio)        # buffer row
-    pooled = _pool(buffer, start, ratio, coff, width, missing=entry == 0)  # [N, C, width]
+    pooled = _pool(buffer, count, ratio, coff, width, missing=entry == 0)  # [N, C, width]
     pooled = rms_norm(pooled, norm, eps)
     pooled = apply_rope(pooled.reshape(-1, width), (entry * ratio).reshape(-1), inv_freq)
     entries.write(rows, entry, closing < rows.length[:, None], pooled.view(n, -1, width))
@@ -56,14 +58,14 @@ def _buffer(state: Paged, rows: Rows, new: torch.Tensor, base: torch.Tensor,
     return torch.where((position >= rows.start[:, None])[..., None], own, prior)
 
 
-def _pool(buffer: torch.Tensor, start: torch.Tensor, ratio: int, coff: int, width: int,
+def _pool(buffer: torch.Tensor, count: int, ratio: int, coff: int, width: int,
           missing: torch.Tensor) -> torch.Tensor:
-    """Softmax-gated sums of the windows starting at buffer rows start [N, C]."""
-    cur_kv, cur_score = _windows(buffer, start, ratio, coff * width)
+    """Softmax-gated sums of the windows of the `count` candidate entries [N, C, width]."""
+    cur_kv, cur_score = _windows(buffer, (coff - 1) * ratio, count, ratio, coff * width)
     if coff == 1:
         slots_kv, slots_score = cur_kv, cur_score
     else:   # CSA: window j-1's first `width` channels, then window j's last `width`
-        prev_kv, prev_score = _windows(buffer, (start - ratio).clamp(min=0), ratio,
+        prev_kv, prev_score = _windows(buffer, (coff - 2) * ratio, count, ratio,
                                        coff * width)
         gone = missing[..., None, None]                                   # window -1
         prev_kv = prev_kv[..., :width].masked_fill(gone, 0.0)
@@ -73,11 +75,13 @@ def _pool(buffer: torch.Tensor, start: torch.Tensor, ratio: int, coff: int, widt
     return (slots_kv * torch.softmax(slots_score, dim=2)).sum(dim=2)
 
 
-def _windows(buffer: torch.Tensor, start: torch.Tensor, ratio: int,
+def _windows(buffer: torch.Tensor, first: int, count: int, ratio: int,
              kv_width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """kv and score rows [N, C, ratio, kv_width] of the windows at `start` [N, C]."""
-    n, c = start.shape
-    index = (start[..., None] + torch.arange(ratio, device=start.device)).view(n, -1)
-    rows = buffer.gather(1, index[..., None].expand(-1, -1, buffer.shape[-1]))
-    rows = rows.view(n, c, ratio, -1).float()
+    """kv and score rows [N, C, ratio, kv_width] of `count` windows, the first starting at
+    buffer row `first` (the rows of buffer beyond its end are never a valid window)."""
+    rows = buffer[:, first:]
+    short = count * ratio - rows.shape[1]
+    if short > 0:
+        rows = torch.cat((rows, rows.new_zeros(rows.shape[0], short, rows.shape[2])), dim=1)
+    rows = rows[:, : count * ratio].reshape(rows.shape[0], count, ratio, -1).float()
     return rows[..., :kv_width], rows[..., kv_width:]

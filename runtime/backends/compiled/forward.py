@@ -22,13 +22,27 @@ from runtime.backends.compiled.rows import Rows
 from runtime.model.args import ModelArgs
 from runtime.model.attention import project_kv
 from runtime.model.hyper import hc_head, hc_post, hc_pre
-from runtime.model.moe import route, shared
+from runtime.model.moe import route
 from runtime.model.norms import rms_norm
 from runtime.model.params import ModelParams
 
 GROUPS_OF = {"sliding": ("ori",), "mtp": ("ori",),
              "hca": ("ori", "hca_state", "cmp_c128"),
              "csa": ("ori", "csa_state", "cmp_c4", "csa_inner_state", "idx")}
+
+
+# Projections that read the same input, fused into one matmul per input: the names of
+# the stacked weights of each kind, in stacking order.
+FUSED_X = {
+    "sliding": ("attn.wq_a.weight", "attn.wkv.weight"),
+    "hca": ("attn.wq_a.weight", "attn.wkv.weight", "attn.compressor.wkv.weight",
+            "attn.compressor.wgate.weight"),
+    "csa": ("attn.wq_a.weight", "attn.wkv.weight", "attn.compressor.wkv.weight",
+            "attn.compressor.wgate.weight", "attn.indexer.compressor.wkv.weight",
+            "attn.indexer.compressor.wgate.weight", "attn.indexer.weights_proj.weight"),
+}
+FUSED_QR = {"csa": ("attn.wq_b.weight", "attn.indexer.wq_b.weight")}
+FUSED_SHARED = ("ffn.shared_experts.w1.weight", "ffn.shared_experts.w3.weight")
 
 
 @dataclass(frozen=True)
@@ -42,6 +56,7 @@ class Layer:
     experts: tuple[torch.Tensor, torch.Tensor, torch.Tensor]    # stacked w1, w2, w3
     inv_freq: torch.Tensor
     where: dict[str, torch.Tensor]            # group -> its index among the group's layers
+    splits: dict[str, tuple[int, ...]]        # fused weight -> the output sizes it stacks
 
     @property
     def graph(self) -> str:
@@ -54,6 +69,11 @@ def layers(params: ModelParams, groups: dict[str, PoolGroup]) -> list[Layer]:
     args, out = params.args, []
     for layer in range(args.n_layers + args.n_mtp_layers):
         prefix, kind = args.prefix(layer), args.kind(layer)
+        attention_kind = "sliding" if kind == "mtp" else kind
+        splits = {"fused.x": _fuse(params, prefix, "fused.x", FUSED_X[attention_kind]),
+                  "fused.shared": _fuse(params, prefix, "fused.shared", FUSED_SHARED)}
+        if attention_kind in FUSED_QR:
+            splits["fused.qr"] = _fuse(params, prefix, "fused.qr", FUSED_QR[attention_kind])
         weights = {name[len(prefix):]: t for name, t in params.dense.items()
                    if name.startswith(prefix)}
         experts = params.experts[layer]
@@ -61,13 +81,28 @@ def layers(params: ModelParams, groups: dict[str, PoolGroup]) -> list[Layer]:
                  for g in GROUPS_OF[kind]}
         out.append(Layer(layer, kind, args.is_hash(layer), weights,
                          (experts.w1, experts.w2, experts.w3),
-                         params.rope.table(kind in ("csa", "hca")), where))
+                         params.rope.table(kind in ("csa", "hca")), where, splits))
     return out
 
 
+def _fuse(params: ModelParams, prefix: str, fused: str, names: tuple[str, ...]) -> tuple[int, ...]:
+    """Stack the weights `names` of a layer into one [sum of outputs, input] tensor named
+    `fused`, and make the originals views of it: one copy in memory, one matmul."""
+    if prefix + fused not in params.dense:
+        stacked = torch.cat([params.dense[prefix + n] for n in names])
+        params.dense[prefix + fused] = stacked
+        at = 0
+        for name in names:
+            rows = params.dense[prefix + name].shape[0]
+            params.dense[prefix + name] = stacked[at: at + rows]
+            at += rows
+    return tuple(params.dense[prefix + n].shape[0] for n in names)
+
+
 def block(args: ModelArgs, kind: str, hashed: bool, groups: dict[str, PoolGroup],
-          h: torch.Tensor, ids: torch.Tensor, start: torch.Tensor, length: torch.Tensor,
-          rank: torch.Tensor, tables: dict[str, torch.Tensor], pools: dict[str, torch.Tensor],
+          splits: dict[str, tuple[int, ...]], h: torch.Tensor, ids: torch.Tensor,
+          start: torch.Tensor, length: torch.Tensor, rank: torch.Tensor,
+          tables: dict[str, torch.Tensor], pools: dict[str, torch.Tensor],
           where: dict[str, torch.Tensor], w: Weights, experts: tuple, inv_freq: torch.Tensor,
           entries: torch.Tensor | None) -> torch.Tensor:
     """h [N, S, hc, dim] -> h through one layer of `kind`; writes its pools. For the MTP
@@ -83,12 +118,14 @@ def block(args: ModelArgs, kind: str, hashed: bool, groups: dict[str, PoolGroup]
     y, post, comb = hc_pre(h, w["hc_attn_fn"], w["hc_attn_base"], w["hc_attn_scale"], *mix)
     x = rms_norm(y, w["attn_norm.weight"], args.norm_eps)
     kind_of_attention = "sliding" if kind == "mtp" else kind
-    out = attention(w, args, kind_of_attention, x, rows, paged, inv_freq, entries)
+    out = attention(w, splits, args, kind_of_attention, x, rows, paged, inv_freq, entries)
     h = hc_post(out, h, post, comb)
     y, post, comb = hc_pre(h, w["hc_ffn_fn"], w["hc_ffn_base"], w["hc_ffn_scale"], *mix)
     x = rms_norm(y, w["ffn_norm.weight"], args.norm_eps)
     chosen, weights = route(w, args, hashed, x, ids.reshape(-1))
-    out = routed(*experts, x, chosen, weights, args.swiglu_limit) + shared(w, x)
+    gate, up = F.linear(x, w["fused.shared"]).split(splits["fused.shared"], dim=-1)
+    out = routed(*experts, x, chosen, weights, args.swiglu_limit) \
+        + F.linear(F.silu(gate) * up, w["ffn.shared_experts.w2.weight"])
     return hc_post(out, h, post, comb).view(n, s, hc, dim)
 
 

@@ -1,8 +1,8 @@
 """The four kernel kinds over a CompiledModel: which rows a launch carries, in what
 calls, and where the results go. No Python loop over requests, segments, ranks or
-experts and no host sync: the rows in use are read from the staged metadata's host
-copies, gathered on the device, run as one call (a main prefill: one call per tile of
-its extent), and scattered back into the wrapper's output buffers.
+experts and no host sync: the rows in use (live_rows, from the staged metadata's host
+copies) are gathered on the device, run as one call (a main prefill: one call per tile
+of its extent), and scattered back into the wrapper's output buffers.
 
     decode       the launch's live rows, [N, seq]
     decode_mtp   the same; [tail, drafts] built on the device from the MTP slots, and a
@@ -20,9 +20,11 @@ from runtime.abi import KernelABI
 from runtime.backends.compiled.model import Call, CompiledModel
 
 
-def _rows(mask: np.ndarray, device: torch.device) -> torch.Tensor:
-    """Flat indices [N] of the True entries of a [ranks, rows] host mask."""
-    return torch.from_numpy(np.nonzero(mask.reshape(-1))[0]).to(device)
+def live_rows(kernel: KernelABI, args) -> np.ndarray:
+    """Flat indices (rank * rows + row) of the rows a launch carries, from the host."""
+    mask = args.host["slot_ids"] >= 0 if kernel.kind == "decode_mtp" \
+        else args.host["row_lens" if kernel.kind == "decode" else "num_rows"] > 0
+    return np.nonzero(mask.reshape(-1))[0]
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -38,11 +40,8 @@ def _pools(kernel: KernelABI, args) -> dict[str, torch.Tensor]:
     return {g: getattr(args, "pool_" + g) for g in kernel.groups}
 
 
-def decode(model: CompiledModel, kernel: KernelABI, args) -> None:
-    """Logits of every token of the live rows."""
-    index = _rows(args.host["row_lens"] > 0, args.token_ids.device)
-    if not len(index):
-        return
+def decode(model: CompiledModel, kernel: KernelABI, args, index: torch.Tensor) -> None:
+    """Logits of every token of the rows `index` (flat rank * batch + row)."""
     batch = args.token_ids.shape[1]
     call = Call(_flat(args.token_ids)[index], _flat(args.positions)[index].long(),
                 _flat(args.row_lens)[index].long(), index // batch, _tables(kernel, args, index))
@@ -50,12 +49,10 @@ def decode(model: CompiledModel, kernel: KernelABI, args) -> None:
     _flat(args.logits).index_copy_(0, index, model.logits(h))
 
 
-def decode_mtp(model: CompiledModel, kernel: KernelABI, args) -> None:
-    """Per row: K greedy drafts from its slot's (hidden, tail), then the main model on
-    [tail, drafts]; logits, streams and drafts of the live rows."""
-    index = _rows(args.host["slot_ids"] >= 0, args.slot_ids.device)
-    if not len(index):
-        return
+def decode_mtp(model: CompiledModel, kernel: KernelABI, args, index: torch.Tensor) -> None:
+    """Per row of `index`: K greedy drafts from its slot's (hidden, tail), then the main
+    model on [tail, drafts]; logits, streams and drafts of the live rows (a row whose
+    slot is -1 or whose generation moved on computes on scratch pages only)."""
     field, batch = kernel.mtp_field, args.slot_ids.shape[1]
     rank, slot = index // batch, _flat(args.slot_ids)[index].long()
     state = args.mtp_slots[rank, slot]                                     # [N, fields]
@@ -81,11 +78,8 @@ def decode_mtp(model: CompiledModel, kernel: KernelABI, args) -> None:
         _flat(out).index_copy_(0, index, torch.where(mask, new.to(out.dtype), old))
 
 
-def prefill_mtp(model: CompiledModel, kernel: KernelABI, args) -> None:
-    """The MTP layer's sliding KV over each slot's window."""
-    index = _rows(args.host["num_rows"] > 0, args.next_ids.device)
-    if not len(index):
-        return
+def prefill_mtp(model: CompiledModel, kernel: KernelABI, args, index: torch.Tensor) -> None:
+    """The MTP layer's sliding KV over the windows of the slots `index`."""
     slots = args.next_ids.shape[1]
     call = Call(_flat(args.next_ids)[index], _flat(args.start_pos)[index].long(),
                 _flat(args.num_rows)[index].long(), index // slots,
@@ -93,7 +87,7 @@ def prefill_mtp(model: CompiledModel, kernel: KernelABI, args) -> None:
     model.mtp_kv(_flat(args.mtp_hidden)[index], call, args.pool_ori)
 
 
-def prefill_main(model: CompiledModel, kernel: KernelABI, args) -> None:
+def prefill_main(model: CompiledModel, kernel: KernelABI, args, index=None) -> None:
     """Walk the extent one tile at a time, every chunk still going in the same call;
     keep each chunk's last row (its logits) and its last mtp_window rows."""
     walk = Walk(kernel, args)

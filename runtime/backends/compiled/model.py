@@ -30,9 +30,10 @@ class Call:
     rank: torch.Tensor                    # [N] int64
     tables: dict[str, torch.Tensor]       # group -> [N, width] int64
 
-    def dynamic(self) -> tuple[torch.Tensor, ...]:
-        """Tensors whose first dimension is the call's row count."""
-        return (self.ids, self.start, self.length, self.rank, *self.tables.values())
+    def dynamic(self) -> tuple[tuple[torch.Tensor, int], ...]:
+        """(tensor, dim): the dimensions that are the call's row count."""
+        return tuple((t, 0) for t in (self.ids, self.start, self.length, self.rank,
+                                      *self.tables.values()))
 
 
 class CompiledModel:
@@ -53,12 +54,14 @@ class CompiledModel:
     def block(self, layer: forward.Layer, h: torch.Tensor, call: Call,
               pools: dict[str, torch.Tensor], bucket: int) -> torch.Tensor:
         entries = self._entries(layer.kind, bucket, h.device)
+        pools = {g: pools[g] for g in layer.where}
         return self.graphs.run(
             f"block[{layer.graph}] S={call.ids.shape[1]}", forward.block, self.args,
-            layer.kind, layer.hashed, self.groups, h, call.ids, call.start, call.length,
-            call.rank, call.tables, {g: pools[g] for g in layer.where}, layer.where,
-            layer.weights, layer.experts, layer.inv_freq, entries,
-            dynamic=(h, *call.dynamic(), *([] if entries is None else [entries])))
+            layer.kind, layer.hashed, self.groups, layer.splits, h, call.ids, call.start,
+            call.length, call.rank, call.tables, pools, layer.where, layer.weights,
+            layer.experts, layer.inv_freq, entries, owner=id(self),
+            dynamic=((h, 0), *call.dynamic(), *_pages(pools),
+                     *([] if entries is None else [(entries, 0)])))
 
     def _entries(self, kind: str, bucket: int, device: torch.device) -> torch.Tensor | None:
         """arange(bucket / ratio) for a compressed layer: the entries a call may read."""
@@ -74,7 +77,8 @@ class CompiledModel:
         flat = h.reshape(-1, *h.shape[-2:])
         out = self.graphs.run(key, forward.head, self.args, flat, w["hc_head_fn"],
                               w["hc_head_base"], w["hc_head_scale"], w["norm.weight"],
-                              self.params["head.weight"], dynamic=(flat,))
+                              self.params["head.weight"], dynamic=((flat, 0),),
+                              owner=id(self))
         return out.view(*h.shape[:-2], -1)
 
     # -- whole passes ----------------------------------------------------------------
@@ -100,5 +104,11 @@ class CompiledModel:
         self.graphs.run(f"mtp_kv S={call.ids.shape[1]}", forward.mtp_kv, self.args,
                         self.groups, h, call.ids, call.start, call.length, call.rank,
                         call.tables["ori"], pool, layer.where["ori"], layer.weights,
-                        self.params["embed.weight"], layer.inv_freq,
-                        dynamic=(h, *call.dynamic()))
+                        self.params["embed.weight"], layer.inv_freq, owner=id(self),
+                        dynamic=((h, 0), *call.dynamic(), (pool, 2)))
+
+
+def _pages(pools: dict[str, torch.Tensor]) -> tuple[tuple[torch.Tensor, int], ...]:
+    """A pool's page count (dimension 2) depends on the memory given to the cache: it
+    varies, so one graph serves every capacity."""
+    return tuple((pool, 2) for pool in pools.values())

@@ -1,0 +1,42 @@
+"""Graphs compile once into a saved artifact that a later process loads; with `defer`, a
+graph without an artifact runs eagerly until another process has saved it."""
+from __future__ import annotations
+
+import torch
+
+from runtime.backends.compiled.graphs import Graphs
+
+
+def scale(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    return (x * factor).sin().sum(dim=-1)
+
+
+def _run(graphs: Graphs, rows: int) -> torch.Tensor:
+    x = torch.arange(rows * 4, dtype=torch.float32).view(rows, 4)
+    return graphs.run("scale", scale, x, torch.tensor(0.5), dynamic=((x, 0),))
+
+
+def test_a_graph_is_compiled_once_then_loaded(tmp_path, monkeypatch):
+    monkeypatch.setenv("V4SERVE_CACHE_DIR", str(tmp_path))
+    first = Graphs("compile")
+    want = scale(torch.arange(12.0).view(3, 4), torch.tensor(0.5))
+    assert torch.allclose(_run(first, 3), want)
+    artifacts = list(tmp_path.glob("graphs/*/scale-*.aot"))
+    assert len(artifacts) == 1
+    again = Graphs("compile")                      # a later start: loads, compiles nothing
+    assert torch.allclose(_run(again, 3), want)
+    assert torch.allclose(_run(again, 7), scale(torch.arange(28.0).view(7, 4),
+                                                torch.tensor(0.5)))   # rows vary: one graph
+    assert list(tmp_path.glob("graphs/*/scale-*.aot")) == artifacts
+    assert again.seconds["scale"] < first.seconds["scale"]
+
+
+def test_a_deferred_graph_runs_eagerly_until_its_artifact_appears(tmp_path, monkeypatch):
+    monkeypatch.setenv("V4SERVE_CACHE_DIR", str(tmp_path))
+    deferred = Graphs("compile", defer=True)
+    want = scale(torch.arange(8.0).view(2, 4), torch.tensor(0.5))
+    assert torch.allclose(_run(deferred, 2), want)
+    assert deferred.pending() == 1 and not deferred.seconds
+    _run(Graphs("compile"), 5)                     # "another process" compiles and saves it
+    assert torch.allclose(_run(deferred, 2), want)
+    assert deferred.pending() == 0 and "scale" in deferred.seconds
