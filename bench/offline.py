@@ -1,7 +1,14 @@
-"""Offline throughput on the tiny spec: v4serve at several concurrencies, MTP on and off,
-beside transformers' generate on the same checkpoint. Prints figures; asserts nothing.
+"""Offline throughput on the tiny spec, every figure of one run side by side: v4serve's
+compiled backend and its torch reference backend at several concurrencies, MTP on and
+off, transformers' generate on the same checkpoint, and the prefill of one long prompt on
+both backends. Prints figures; asserts nothing.
 
     .venv/bin/python bench/offline.py [--model DIR] [--prompt-len 256] [--max-tokens 64]
+                                      [--concurrency 1,64] [--backends compiled,torch]
+                                      [--long-prompt 16000] [--device cpu]
+
+Graphs compile (or load from the on-disk cache) before anything is timed; the first
+line per backend says how long that took.
 """
 from __future__ import annotations
 
@@ -18,13 +25,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from runtime.cli import default_model  # noqa: E402
 from runtime.engine import Engine, EngineConfig  # noqa: E402
 from runtime.sampling_params import SamplingParams  # noqa: E402
-from tests.model.support import load_transformers  # noqa: E402
+
+HEADER = ("engine", "conc", "MTP", "tok/s", "vs HF", "disp/req", "steps", "step ms",
+          "sched", "marshal", "kernel", "sample", "host %", "accept")
 
 
 def prompts(n: int, length: int, model: Path) -> list[list[int]]:
     """Openings of held-out standard-library files when the checkpoint has a tokenizer
     (what the embedded model was trained for), else random token ids."""
-    if (model / "tokenizer.json").exists():
+    if (model / "tokenizer.json").exists() and length <= 1024:
         from bench.train_tiny import corpus_files, split
         from runtime.tokenizer import Tokenizer
 
@@ -37,26 +46,52 @@ def prompts(n: int, length: int, model: Path) -> list[list[int]]:
     return [torch.randint(2, vocab, (length,), generator=gen).tolist() for _ in range(n)]
 
 
-def run_v4serve(spec: str, model: Path, batch: list[list[int]], k: int,
-                max_tokens: int) -> dict:
-    engine = Engine.build(EngineConfig(spec=spec, model=model, num_speculative_tokens=k))
+def build(args, backend: str, k: int) -> Engine:
+    config = EngineConfig(spec=args.spec, model=args.model, num_speculative_tokens=k,
+                          backend=backend, device=args.device)
+    engine = Engine.build(config)
+    start = time.perf_counter()
+    seconds = engine.warmup()
+    if seconds:
+        print(f"# {backend} MTP {'on' if k else 'off'}: {len(seconds)} graphs compiled or "
+              f"loaded in {time.perf_counter() - start:.1f} s", flush=True)
+    return engine
+
+
+def _sync(device: str | None) -> None:
+    if device and device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def decode_row(engine: Engine, batch: list[list[int]], max_tokens: int) -> dict:
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    engine.generate(batch[:1], SamplingParams(temperature=0, max_tokens=2))   # warm up
+    engine.generate(batch[:2], SamplingParams(temperature=0, max_tokens=4))    # first use
     engine.runner.timing.__init__()
     engine.stats.__init__()
     engine.runner.dispatches.clear()
     start = time.perf_counter()
     outputs = engine.generate(batch, params)
+    _sync(engine.config.device)
     seconds = time.perf_counter() - start
     tokens = sum(len(o.output_ids) for o in outputs)
     s, t = engine.stats, engine.runner.timing
+    step = seconds / s.steps
+    host = (s.schedule_seconds + t.marshal + t.sample) / s.steps
     return {
-        "tok/s": tokens / seconds, "dispatches/req": sum(engine.dispatches.values()) / len(batch),
-        "steps": s.steps, "sched ms/step": 1e3 * s.schedule_seconds / s.steps,
-        "marshal ms/step": 1e3 * t.marshal / s.steps, "kernel ms/step": 1e3 * t.kernel / s.steps,
-        "sample ms/step": 1e3 * t.sample / s.steps,
-        "acceptance": s.accepted_tokens / s.draft_tokens if s.draft_tokens else None,
+        "tok/s": tokens / seconds, "disp/req": sum(engine.dispatches.values()) / len(batch),
+        "steps": s.steps, "step": 1e3 * step, "sched": 1e3 * s.schedule_seconds / s.steps,
+        "marshal": 1e3 * t.marshal / s.steps, "kernel": 1e3 * t.kernel / s.steps,
+        "sample": 1e3 * t.sample / s.steps, "host": host / step,
+        "accept": s.accepted_tokens / s.draft_tokens if s.draft_tokens else None,
     }
+
+
+def prefill_seconds(engine: Engine, prompt: list[int]) -> float:
+    """Seconds from queueing `prompt` to its first token (the whole prefill)."""
+    start = time.perf_counter()
+    engine.generate([prompt], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    _sync(engine.config.device)
+    return time.perf_counter() - start
 
 
 def run_transformers(model, batch: list[list[int]], max_tokens: int) -> float:
@@ -72,36 +107,67 @@ def run_transformers(model, batch: list[list[int]], max_tokens: int) -> float:
     return (out.shape[1] - ids.shape[1]) * ids.shape[0] / seconds
 
 
+def _row(backend: str, n: int, k: int, r: dict, hf: float | None) -> str:
+    ratio = f"{r['tok/s'] / hf:.2f}x" if hf else "-"
+    accept = f"{r['accept']:.1%}" if r["accept"] is not None else "-"
+    return (f"| v4serve {backend} | {n} | {'on' if k else 'off'} | {r['tok/s']:.1f} | {ratio} | "
+            f"{r['disp/req']:.1f} | {r['steps']} | {r['step']:.1f} | {r['sched']:.2f} | "
+            f"{r['marshal']:.2f} | {r['kernel']:.1f} | {r['sample']:.2f} | "
+            f"{100 * r['host']:.0f}% | {accept} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", default="tiny")
     parser.add_argument("--model", type=Path, default=default_model("tiny"))
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--concurrency", default="1,8,32,64")
+    parser.add_argument("--concurrency", default="1,64")
+    parser.add_argument("--backends", default="compiled,torch")
+    parser.add_argument("--long-prompt", type=int, default=16000,
+                        help="tokens of the prompt whose prefill is timed (0: skip)")
+    parser.add_argument("--device", default=None, help="default: the spec's")
+    parser.add_argument("--no-transformers", action="store_true")
     args = parser.parse_args()
-    torch.set_num_threads(torch.get_num_threads())
     levels = [int(c) for c in args.concurrency.split(",")]
+    backends = args.backends.split(",")
     print(f"spec {args.spec}, {args.model}, prompt {args.prompt_len} tokens, {args.max_tokens} "
-          f"generated, greedy, {torch.get_num_threads()} CPU threads")
-    header = ("engine", "conc", "MTP", "tok/s", "disp/req", "steps", "sched", "marshal",
-              "kernel", "sample", "accept")
-    print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+          f"generated, greedy, {torch.get_num_threads()} CPU threads, device "
+          f"{args.device or 'the spec default'}", flush=True)
+    hf_tps: dict[int, float] = {}
+    if not args.no_transformers:
+        from tests.model.support import load_transformers
+
+        hf = load_transformers(args.model)
+        for n in levels:
+            hf_tps[n] = run_transformers(hf, prompts(n, args.prompt_len, args.model),
+                                         args.max_tokens)
+        del hf
+    print("| " + " | ".join(HEADER) + " |\n|" + "---|" * len(HEADER))
     for n in levels:
-        batch = prompts(n, args.prompt_len, args.model)
+        if n in hf_tps:
+            print(f"| transformers generate | {n} | - | {hf_tps[n]:.1f} | 1.00x |"
+                  + " - |" * (len(HEADER) - 5), flush=True)
+    prefill: dict[str, float] = {}
+    long = prompts(1, args.long_prompt, args.model)[0] if args.long_prompt else None
+    for backend in backends:
         for k in (0, 1):
-            r = run_v4serve(args.spec, args.model, batch, k, args.max_tokens)
-            accept = f"{r['acceptance']:.1%}" if r["acceptance"] is not None else "-"
-            print(f"| v4serve | {n} | {'on' if k else 'off'} | {r['tok/s']:.1f} | "
-                  f"{r['dispatches/req']:.1f} | {r['steps']} | {r['sched ms/step']:.2f} | "
-                  f"{r['marshal ms/step']:.2f} | {r['kernel ms/step']:.1f} | "
-                  f"{r['sample ms/step']:.2f} | {accept} |", flush=True)
-    hf = load_transformers(args.model)
-    for n in (1, max(levels)):
-        tps = run_transformers(hf, prompts(n, args.prompt_len, args.model), args.max_tokens)
-        print(f"| transformers generate | {n} | - | {tps:.1f} | - | - | - | - | - | - | - |",
-              flush=True)
-    print("columns sched/marshal/kernel/sample: milliseconds per engine step")
+            engine = build(args, backend, k)
+            for n in levels:
+                r = decode_row(engine, prompts(n, args.prompt_len, args.model), args.max_tokens)
+                print(_row(backend, n, k, r, hf_tps.get(n)), flush=True)
+            if long and k == 0:
+                prefill_seconds(engine, long[:256])                       # first use
+                prefill[backend] = prefill_seconds(engine, long)
+            del engine
+    print("columns step/sched/marshal/kernel/sample: milliseconds per engine step; host %: "
+          "(sched + marshal + sample) / step")
+    for backend, seconds in prefill.items():
+        print(f"prefill of a {args.long_prompt}-token prompt, {backend} backend: "
+              f"{seconds:.2f} s ({args.long_prompt / seconds:.0f} tok/s)")
+    if len(prefill) == 2:
+        a, b = prefill.values()
+        print(f"prefill speed-up, {backends[0]} over {backends[1]}: {b / a:.1f}x")
 
 
 if __name__ == "__main__":

@@ -117,9 +117,11 @@ class Engine:
         """Compile (or load from the cache) every graph of a compiling backend before
         the first request; returns seconds per graph (empty for an eager backend). With
         defer_compile, graphs not compiled yet stay eager (see pending_graphs)."""
-        self.runner.warmup()
         graphs = self.graphs
-        return dict(graphs.seconds) if graphs is not None else {}
+        if graphs is None:
+            return {}
+        self.runner.warmup()
+        return dict(graphs.seconds)
 
     @property
     def graphs(self):
