@@ -117,11 +117,11 @@ class Engine:
         """Compile (or load from the cache) every graph of a compiling backend before
         the first request; returns seconds per graph (empty for an eager backend). With
         defer_compile, graphs not compiled yet stay eager (see pending_graphs)."""
-        graphs = self.graphs
-        if graphs is None:
+        if not hasattr(self.runner.decode.backend, "graphs"):    # nothing to compile
             return {}
         self.runner.warmup()
-        return dict(graphs.seconds)
+        graphs = self.graphs
+        return dict(graphs.seconds) if graphs is not None else {}
 
     @property
     def graphs(self):

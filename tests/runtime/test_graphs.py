@@ -40,3 +40,16 @@ def test_a_deferred_graph_runs_eagerly_until_its_artifact_appears(tmp_path, monk
     _run(Graphs("compile"), 5)                     # "another process" compiles and saves it
     assert torch.allclose(_run(deferred, 2), want)
     assert deferred.pending() == 0 and "scale" in deferred.seconds
+
+
+def test_engine_warmup_runs_every_launch_of_a_compiled_backend_only():
+    from tests.model.support import reference_params
+    from tests.runtime.engine_support import make_engine
+
+    params = reference_params()
+    for backend, warms in (("compiled-eager", True), ("torch", False)):
+        engine = make_engine(params, backend=backend)
+        calls = []
+        engine.runner.warmup = lambda calls=calls: calls.append(1)
+        engine.warmup()
+        assert bool(calls) == warms, backend
