@@ -3,10 +3,6 @@
 Stages, each in its own module:
     load (yaml_loader, schema)  ->  check (invariants)  ->  plan (plan)
     ->  render (render, templates/)  ->  write (writer)
+pipeline runs them; cli is `v4serve codegen` and `v4serve spec new` (spec_new).
+Importing the package imports none of them.
 """
-from __future__ import annotations
-
-from codegen.errors import SpecError
-from codegen.pipeline import generate, load_spec
-
-__all__ = ["SpecError", "generate", "load_spec"]

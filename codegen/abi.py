@@ -10,10 +10,8 @@ scratch page: -1 block-table entries and padded rows read and write there.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from codegen.plan import Plan, PoolPlan
+from codegen.plan import Plan, PoolPlan
 
 # Columns of a rank's int64 MTP slot table [slots + 1, len(MTP_SLOT_FIELDS)].
 MTP_SLOT_FIELDS = ("tail_token", "tail_pos", "committed", "generation")
@@ -56,10 +54,10 @@ class KernelPlan:
         return tuple(a for a in self.args if a.role == role)
 
 
-def kernel_plans(plan: Plan, has_mtp: bool) -> tuple[KernelPlan, ...]:
+def kernel_plans(plan: Plan) -> tuple[KernelPlan, ...]:
     """Every kernel of a spec: main prefill, MTP prefill, one decode per layout."""
-    kernels = [_prefill_main(plan, has_mtp)]
-    if has_mtp:
+    kernels = [_prefill_main(plan, plan.has_mtp)]
+    if plan.has_mtp:
         kernels.append(_prefill_mtp(plan))
     for layout in plan.layouts:
         make = _decode_mtp if layout.k > 0 else _decode

@@ -1,15 +1,14 @@
-"""`v4serve codegen`: regenerate generated/ from specs/, or check that it is current."""
+"""`v4serve codegen` (regenerate generated/ from specs/, or check that it is current) and
+`v4serve spec new`. Defining the parsers imports nothing heavy (no pydantic, no jinja):
+help is instant; a command imports what it runs."""
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
-from codegen.errors import SpecError
-from codegen.pipeline import generate
-from codegen.schema import Spec
-
 FIX = "make codegen"
+WRITTEN = ("new", "changed", "removed")      # drift labels once codegen has written it
 
 SECTIONS = {
     "model": "the architecture, keyed as the checkpoint's config.json (compress_ratios has "
@@ -29,6 +28,8 @@ SECTIONS = {
 
 def spec_fields_help() -> str:
     """A field reference built from the schema, so it cannot fall out of date."""
+    from codegen.schema import Spec
+
     lines = ["spec sections (specs/*.yaml; every key is required, unknown keys are errors):"]
     for name, text in SECTIONS.items():
         fields = Spec.model_fields[name].annotation.model_fields
@@ -40,11 +41,32 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "codegen", help="generate launch wrappers, pools and contracts from specs",
         description="Generate generated/<spec>/ from specs/*.yaml: contract, pools, kernels.",
-        epilog=spec_fields_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     configure(parser)
 
 
+def add_spec_parser(subparsers: argparse._SubParsersAction) -> None:
+    spec = subparsers.add_parser("spec", help="write and inspect deployment specs")
+    actions = spec.add_subparsers(dest="spec_command", required=True, metavar="ACTION")
+    new = actions.add_parser(
+        "new", help="write a spec for a checkpoint from its config.json and a base spec",
+        description="Write a spec whose model section is the checkpoint's config.json and "
+                    "whose serving shapes, pools, limits and topology come from --base.")
+    new.add_argument("--from-config", required=True, type=Path,
+                     help="the checkpoint's config.json")
+    new.add_argument("--base", required=True, type=Path, help="spec to take serving choices from")
+    new.add_argument("-o", "--output", required=True, type=Path, help="spec file to write")
+    new.set_defaults(func=run_spec_new)
+
+
+def run_spec_new(args: argparse.Namespace) -> int:
+    from codegen.spec_new import run_new
+
+    return run_new(args)
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
+    _epilog_on_help(parser)
     parser.add_argument("specs", nargs="*", type=Path,
                         help="spec files to generate alone (default: every specs/*.yaml, "
                              "and the generated/ index)")
@@ -57,13 +79,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run)
 
 
+def _epilog_on_help(parser: argparse.ArgumentParser) -> None:
+    """The spec field reference as the epilog, built only when help is shown (it imports
+    the schema)."""
+    plain = parser.format_help
+
+    def format_help() -> str:
+        parser.epilog = spec_fields_help()
+        return plain()
+
+    parser.format_help = format_help
+
+
 def run(args: argparse.Namespace) -> int:
+    from codegen.errors import SpecError
+    from codegen.pipeline import generate
+
     paths = list(args.specs) or sorted(args.specs_dir.glob("*.yaml"))
     if not paths:
         print(f"codegen: no specs found in {args.specs_dir}", file=sys.stderr)
         return 2
     try:
-        result = generate(paths, args.out, index=not args.specs, check=args.check)
+        result = generate(paths, args.out, every=not args.specs, check=args.check)
     except SpecError as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -75,12 +112,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"codegen: {args.out}/ is out of date with the specs:", file=sys.stderr)
         for line in drift.lines():
             print(f"  {line}", file=sys.stderr)
+        if drift.extra:         # e.g. a kernel of a retarget that `git checkout` left behind
+            print("extra files come from no spec (an untracked leftover of an earlier "
+                  f"codegen?); `{FIX}` removes them", file=sys.stderr)
         print(f"run `{FIX}` and commit the result", file=sys.stderr)
         return 1
     print(f"codegen: {len(result.plans)} spec(s) -> {args.out}/: {len(drift.missing)} new, "
           f"{len(drift.changed)} changed, {len(drift.extra)} removed, "
           f"{len(drift.unchanged)} unchanged")
-    for line in drift.lines():
+    for line in drift.lines(WRITTEN):
         print(f"  {line}")
     return 0
 
@@ -88,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="v4serve codegen", description="Generate generated/ from specs/*.yaml.",
-        epilog=spec_fields_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     configure(parser)
     args = parser.parse_args(argv)
     return args.func(args)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from codegen.invariants import check_invariants
 from codegen.plan import Plan, build_plan
 from codegen.render import environment, render_index, render_package
 from codegen.schema import Spec
+from codegen.spec_digest import spec_digest
 from codegen.writer import Drift, compare, write
 from codegen.yaml_loader import FieldPath, Locator, load_yaml
 
@@ -48,7 +50,8 @@ def load_spec(path: str | Path, root: Path | None = None) -> Spec:
 
 def plan_spec(path: str | Path, root: Path | None = None) -> Plan:
     path = Path(path)
-    return build_plan(load_spec(path, root), display_path(path, root), path.stem)
+    spec = load_spec(path, root)
+    return build_plan(spec, display_path(path, root), path.stem, spec_digest(path))
 
 
 @dataclass
@@ -58,22 +61,34 @@ class Result:
 
 
 def generate(spec_paths: list[Path], out_dir: Path, *, root: Path | None = None,
-             index: bool = True, check: bool = False) -> Result:
-    """Generate every spec into `out_dir`. With `index`, `out_dir` is wholly owned by
-    codegen (its index written, any other file removed); without, only each spec's
-    package is. With `check`, nothing is written and the drift is reported."""
+             every: bool = True, check: bool = False) -> Result:
+    """Generate specs into `out_dir`. With `every` (the specs are all there are),
+    `out_dir` is wholly owned by codegen: any file no spec generates is removed. Without,
+    only these specs' packages are, and the index lists them beside the packages already
+    there. With `check`, nothing is written and the drift is reported."""
     plans = [plan_spec(p, root) for p in sorted(spec_paths)]
     _reject_clashes(plans)
     env = environment()
     files: dict[str, str] = {}
     for plan in plans:
         files.update(render_package(plan, env))
-    if index:
-        specs_dir = display_path(spec_paths[0].parent, root) if spec_paths else "specs"
-        files.update(render_index(plans, specs_dir, env))
-    owned = ["."] if index else [plan.package for plan in plans]
+    specs = {} if every else present_packages(out_dir)
+    specs.update({plan.package: plan.spec_path for plan in plans})
+    specs_dir = display_path(spec_paths[0].parent, root) if spec_paths else "specs"
+    files.update(render_index(specs, specs_dir, env))
+    owned = ["."] if every else ["__init__.py"] + [plan.package for plan in plans]
     drift = (compare if check else write)(files, out_dir, owned)
     return Result(plans, drift)
+
+
+def present_packages(out_dir: Path) -> dict[str, str]:
+    """Generated packages in `out_dir`: package -> the spec path it records."""
+    found = {}
+    for init in sorted(out_dir.glob("*/__init__.py")):
+        match = re.search(r'^SPEC_PATH = "(.*)"$', init.read_text(encoding="utf-8"), re.M)
+        if match:
+            found[init.parent.name] = match.group(1)
+    return found
 
 
 def _reject_clashes(plans: list[Plan]) -> None:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from codegen.abi import KernelPlan, kernel_plans
 from codegen.pool_roles import ROLES, PoolRole, layer_kinds, role_layers
-from codegen.schema import DecodeLayout, Spec
+from codegen.schema import LayoutEntry, Spec
+from runtime.decode_layout import DecodeLayout
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -38,13 +38,6 @@ class PoolPlan:
     ring_rule: str | None
 
 
-@dataclass(frozen=True)
-class LayoutPlan:
-    k: int
-    batch: int
-    seq: int
-    kernel: str
-
 
 @dataclass(frozen=True)
 class Plan:
@@ -52,6 +45,7 @@ class Plan:
 
     spec_name: str
     spec_path: str
+    spec_sha256: str        # of the spec file's text: serving checks generated/ is current
     package: str
     fingerprint: str
     model: tuple[tuple[str, object], ...]
@@ -65,7 +59,7 @@ class Plan:
     slots_per_rank: int
     mtp_window: int
     block_size: int
-    layouts: tuple[LayoutPlan, ...]
+    layouts: tuple[DecodeLayout, ...]
     default_k: int
     micro_batches: int
     context_buckets: tuple[int, ...]
@@ -73,7 +67,6 @@ class Plan:
     has_mtp: bool
     limits: tuple[tuple[str, int], ...]
     pools: tuple[PoolPlan, ...]
-    kernels: tuple[KernelPlan, ...]
     dtype: str
     vocab_size: int
     hidden_size: int
@@ -86,7 +79,7 @@ def package_name(spec_stem: str) -> str:
     return f"spec_{name}" if name[0].isdigit() else name
 
 
-def build_plan(spec: Spec, spec_path: str, spec_stem: str) -> Plan:
+def build_plan(spec: Spec, spec_path: str, spec_stem: str, spec_sha256: str) -> Plan:
     """Resolve a validated spec into the plan the templates render."""
     m = spec.model
     kinds = layer_kinds(m)
@@ -96,9 +89,10 @@ def build_plan(spec: Spec, spec_path: str, spec_stem: str) -> Plan:
     # one device-state slot per running request of a rank, under the widest layout
     request_slots = max(lay.batch * spec.decode.micro_batches for lay in layouts)
     model_items = tuple(sorted(m.model_dump(mode="json").items()))
-    plan = Plan(
+    return Plan(
         spec_name=spec_stem,
         spec_path=spec_path,
+        spec_sha256=spec_sha256,
         package=package_name(spec_stem),
         fingerprint=_fingerprint(model_items),
         model=model_items,
@@ -120,13 +114,11 @@ def build_plan(spec: Spec, spec_path: str, spec_stem: str) -> Plan:
         has_mtp=m.num_nextn_predict_layers > 0,
         limits=tuple(spec.limits.model_dump(mode="json").items()),
         pools=pools,
-        kernels=(),
         dtype=spec.topology.dtype,
         vocab_size=m.vocab_size,
         hidden_size=m.hidden_size,
         hc_mult=m.hc_mult,
     )
-    return replace(plan, kernels=kernel_plans(plan, has_mtp=m.num_nextn_predict_layers > 0))
 
 
 def _fingerprint(model_items: tuple[tuple[str, object], ...]) -> str:
@@ -134,8 +126,8 @@ def _fingerprint(model_items: tuple[tuple[str, object], ...]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _layout_plan(layout: DecodeLayout) -> LayoutPlan:
-    return LayoutPlan(layout.k, layout.batch, layout.seq, f"decode_b{layout.batch}s{layout.seq}")
+def _layout_plan(entry: LayoutEntry) -> DecodeLayout:
+    return DecodeLayout.of(entry.k, entry.batch, entry.seq)
 
 
 def _pool_plan(spec: Spec, role: PoolRole, kinds: list[str]) -> PoolPlan:

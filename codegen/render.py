@@ -6,7 +6,7 @@ from pathlib import Path
 
 import jinja2
 
-from codegen.abi import MTP_SLOT_FIELDS, ArgPlan, KernelPlan
+from codegen.abi import MTP_SLOT_FIELDS, ArgPlan, KernelPlan, kernel_plans
 from codegen.plan import Plan
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -124,25 +124,28 @@ def render_package(plan: Plan, env: jinja2.Environment | None = None) -> dict[st
     """Files of one spec's package, keyed by path relative to the package's parent."""
     env = env or environment()
     root = plan.package
+    kernels = kernel_plans(plan)
     files = {
         f"{root}/__init__.py": env.get_template("package_init.py.j2").render(plan=plan),
         f"{root}/architecture.py": env.get_template("architecture.py.j2").render(plan=plan),
         f"{root}/contract.py": env.get_template("contract.py.j2").render(plan=plan),
         f"{root}/pools.py": env.get_template("pools.py.j2").render(
             plan=plan, mtp_slot_fields=MTP_SLOT_FIELDS),
-        f"{root}/kernels/__init__.py": env.get_template("kernels_init.py.j2").render(plan=plan),
+        f"{root}/kernels/__init__.py": env.get_template("kernels_init.py.j2").render(
+            plan=plan, kernels=kernels),
     }
     kernel_template = env.get_template("kernel.py.j2")
-    for kernel in plan.kernels:
+    for kernel in kernels:
         files[f"{root}/kernels/{kernel.name}.py"] = kernel_template.render(
             plan=plan, k=kernel, helpers=_helpers(kernel))
     return files
 
 
-def render_index(plans: list[Plan], specs_dir: str,
+def render_index(specs: dict[str, str], specs_dir: str,
                  env: jinja2.Environment | None = None) -> dict[str, str]:
-    """generated/__init__.py: the index of every generated package."""
+    """generated/__init__.py: the index of every generated package (package -> the
+    spec file it came from)."""
     env = env or environment()
-    ordered = sorted(plans, key=lambda p: p.package)
-    text = env.get_template("root_init.py.j2").render(plans=ordered, specs_dir=specs_dir)
+    text = env.get_template("root_init.py.j2").render(specs=dict(sorted(specs.items())),
+                                                       specs_dir=specs_dir)
     return {"__init__.py": text}

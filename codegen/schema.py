@@ -88,8 +88,9 @@ class PrefillSection(_Strict):
     mtp_window: PositiveInt
 
 
-class DecodeLayout(_Strict):
-    """A fixed decode specialization: `batch` rows of `seq` = k + 1 tokens each."""
+class LayoutEntry(_Strict):
+    """One entry of decode.layouts as written; the plan resolves it into a
+    runtime.decode_layout.DecodeLayout (with its kernel's name)."""
 
     k: int = Field(ge=0)
     batch: PositiveInt
@@ -100,7 +101,7 @@ class DecodeSection(_Strict):
     num_speculative_tokens: list[int] = Field(min_length=1)
     default_num_speculative_tokens: int = Field(ge=0)
     micro_batches: PositiveInt
-    layouts: list[DecodeLayout] = Field(min_length=1)
+    layouts: list[LayoutEntry] = Field(min_length=1)
     # Context lengths the compiled graphs are specialized for (ascending, the last is
     # limits.max_model_len): a launch runs the graph of the smallest bucket its longest
     # row fits, reading that bucket's compressed entries and no more.

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import pydantic
@@ -80,20 +79,6 @@ def _flow(value: Any) -> str:
     return text.removesuffix("\n...\n").strip()
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    spec = subparsers.add_parser("spec", help="write and inspect deployment specs")
-    actions = spec.add_subparsers(dest="spec_command", required=True, metavar="ACTION")
-    new = actions.add_parser(
-        "new", help="write a spec for a checkpoint from its config.json and a base spec",
-        description="Write a spec whose model section is the checkpoint's config.json and "
-                    "whose serving shapes, pools, limits and topology come from --base.")
-    new.add_argument("--from-config", required=True, type=Path,
-                     help="the checkpoint's config.json")
-    new.add_argument("--base", required=True, type=Path, help="spec to take serving choices from")
-    new.add_argument("-o", "--output", required=True, type=Path, help="spec file to write")
-    new.set_defaults(func=run_new)
-
-
 def run_new(args: argparse.Namespace) -> int:
     try:
         base = load_spec(args.base)
@@ -110,5 +95,5 @@ def run_new(args: argparse.Namespace) -> int:
         print(f"spec new: wrote {args.output}, but it needs an edit before codegen:\n{exc}",
               file=sys.stderr)
         return 1
-    print(f"spec new: wrote {args.output}; run `make codegen` (or `v4serve codegen`) next")
+    print(f"spec new: wrote {args.output}; next: `v4serve codegen {args.output}`")
     return 0

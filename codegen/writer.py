@@ -18,9 +18,11 @@ class Drift:
     def clean(self) -> bool:
         return not (self.missing or self.changed or self.extra)
 
-    def lines(self) -> list[str]:
-        return ([f"missing  {p}" for p in self.missing] + [f"changed  {p}" for p in self.changed]
-                + [f"extra    {p}" for p in self.extra])
+    def lines(self, labels: tuple[str, str, str] = ("missing", "changed", "extra")) -> list[str]:
+        """One line per differing file; the labels name missing, changed and extra files
+        (a check says "missing"; once written, the same file is "new")."""
+        groups = zip(labels, (self.missing, self.changed, self.extra))
+        return [f"{label:<8} {p}" for label, paths in groups for p in paths]
 
 
 def compare(files: dict[str, str], out_dir: Path, owned: list[str]) -> Drift:

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from runtime.decode_layout import DecodeLayout  # noqa: F401  (the generated contracts' import)
+
 # Host-side integer data a wrapper stages: a tensor, a numpy array or nested lists.
 HostData = Any
 
@@ -89,15 +91,6 @@ class KernelABI:
         raise ABIError(f"{self.name}: a context of {length} positions exceeds the largest "
                        f"bucket {self.context_buckets[-1]}")
 
-
-@dataclass(frozen=True)
-class DecodeLayout:
-    """A fixed decode specialization: `batch` rows of `seq` = k + 1 tokens per rank."""
-
-    k: int
-    batch: int
-    seq: int
-    kernel: str
 
 
 def fits(shape: Sequence[int], want: Sequence[int | None]) -> bool:

@@ -12,5 +12,6 @@ from . import architecture, contract, kernels, pools
 
 SPEC_NAME = "deepseek-v4-flash"
 SPEC_PATH = "specs/deepseek-v4-flash.yaml"
+SPEC_SHA256 = "d449ecbf5df661986df16b83d49d05984f49cd79f932871c857b0ea8b55ce165"  # of the spec's text; see runtime/spec_check.py
 
-__all__ = ["SPEC_NAME", "SPEC_PATH", "architecture", "contract", "kernels", "pools"]
+__all__ = ["SPEC_NAME", "SPEC_PATH", "SPEC_SHA256", "architecture", "contract", "kernels", "pools"]

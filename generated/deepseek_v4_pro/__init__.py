@@ -12,5 +12,6 @@ from . import architecture, contract, kernels, pools
 
 SPEC_NAME = "deepseek-v4-pro"
 SPEC_PATH = "specs/deepseek-v4-pro.yaml"
+SPEC_SHA256 = "c31861204d0291ccf55d02cba4aab244956e6ffd7ce42225442b7d23ce77a0e6"  # of the spec's text; see runtime/spec_check.py
 
-__all__ = ["SPEC_NAME", "SPEC_PATH", "architecture", "contract", "kernels", "pools"]
+__all__ = ["SPEC_NAME", "SPEC_PATH", "SPEC_SHA256", "architecture", "contract", "kernels", "pools"]

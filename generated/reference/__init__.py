@@ -12,5 +12,6 @@ from . import architecture, contract, kernels, pools
 
 SPEC_NAME = "reference"
 SPEC_PATH = "specs/reference.yaml"
+SPEC_SHA256 = "3a6dfcae981af6901c183115409b8db02b96d00d881b0051fb1b5a623ad83d47"  # of the spec's text; see runtime/spec_check.py
 
-__all__ = ["SPEC_NAME", "SPEC_PATH", "architecture", "contract", "kernels", "pools"]
+__all__ = ["SPEC_NAME", "SPEC_PATH", "SPEC_SHA256", "architecture", "contract", "kernels", "pools"]

@@ -12,5 +12,6 @@ from . import architecture, contract, kernels, pools
 
 SPEC_NAME = "tiny"
 SPEC_PATH = "specs/tiny.yaml"
+SPEC_SHA256 = "6af26bacfe11c7dce831c8a979d2e5f00f4c3c61877d68e836467f7d27eca9fd"  # of the spec's text; see runtime/spec_check.py
 
-__all__ = ["SPEC_NAME", "SPEC_PATH", "architecture", "contract", "kernels", "pools"]
+__all__ = ["SPEC_NAME", "SPEC_PATH", "SPEC_SHA256", "architecture", "contract", "kernels", "pools"]

@@ -31,7 +31,7 @@ def alt(tmp_path, tiny_text):
     spec = tmp_path / "specs" / "alt-shapes.yaml"
     spec.parent.mkdir()
     spec.write_text(text)
-    generate([spec], tmp_path / "out", root=tmp_path, index=False)
+    generate([spec], tmp_path / "out", root=tmp_path, every=False)
     return import_fresh(tmp_path / "out", "alt_shapes")
 
 

@@ -82,6 +82,6 @@ def test_write_touches_only_changed_files_and_removes_stale_ones(tmp_path):
 def test_single_spec_generation_leaves_other_packages_alone(tmp_path):
     out = tmp_path / "generated"
     shutil.copytree(REPO / "generated", out, ignore=shutil.ignore_patterns("__pycache__"))
-    result = generate([SPECS / "tiny.yaml"], out, root=REPO, index=False)
+    result = generate([SPECS / "tiny.yaml"], out, root=REPO, every=False)
     assert result.drift.clean and result.drift.extra == []
     assert (out / "deepseek_v4_pro" / "pools.py").exists()

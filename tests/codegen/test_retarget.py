@@ -22,9 +22,9 @@ def test_b4s2_to_b8s2_changes_only_the_affected_files(tmp_path):
 
     assert drift.missing == ["tiny/kernels/decode_b8s2.py"]
     assert drift.extra == ["tiny/kernels/decode_b4s2.py"]
-    # contract: the layout; kernels/__init__: the wrapper names. Request slots per rank stay
-    # 16: the widest layout was and is batch 8 x 2 micro-batches.
-    assert drift.changed == ["tiny/contract.py", "tiny/kernels/__init__.py"]
+    # __init__: the spec's digest; contract: the layout; kernels/__init__: the wrapper names.
+    # Request slots per rank stay 16: the widest layout was and is batch 8 x 2 micro-batches.
+    assert drift.changed == ["tiny/__init__.py", "tiny/contract.py", "tiny/kernels/__init__.py"]
 
     pkg = import_fresh(tmp_path, "retargeted").load("tiny")
     wrapper = pkg.kernels.DECODE_BY_K[1](backend="dryrun")
