@@ -1,5 +1,6 @@
-"""`v4serve generate`: offline generation with continuous batching; and the engine flags
-(vLLM's names) that `v4serve serve` shares."""
+"""`v4serve generate` (offline generation with continuous batching) and `v4serve compile`;
+and the engine flags (vLLM's names) that `v4serve serve` shares. Defining the parsers
+imports no torch: the engine is imported by the commands that build one."""
 from __future__ import annotations
 
 import argparse
@@ -7,11 +8,14 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import generated
-from runtime.engine import ConfigError, Engine, EngineConfig
 from runtime.sampling_params import InvalidParam, SamplingParams
-from runtime.weights import CheckpointError
+from runtime.spec_check import StaleSpecError, load_current
+
+if TYPE_CHECKING:
+    from runtime.engine import Engine, EngineConfig
 
 REPO = Path(generated.__file__).resolve().parent.parent
 
@@ -50,7 +54,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    spec = generated.load(args.spec).SPEC_NAME     # --spec tiny or --spec specs/tiny.yaml
+    """The engine configuration of these flags; StaleSpecError if --spec cannot be served
+    (a missing file, or generated/ older than the spec)."""
+    from runtime.engine import EngineConfig
+
+    spec = load_current(args.spec).SPEC_NAME       # --spec tiny or --spec specs/tiny.yaml
     return EngineConfig(
         spec=spec, model=args.model or default_model(spec),
         num_speculative_tokens=args.num_speculative_tokens,
@@ -76,6 +84,9 @@ def precompile_command(config: EngineConfig) -> list[str]:
 
 def build_engine(args: argparse.Namespace) -> Engine:
     """The engine for these flags, or SystemExit with a one-line reason."""
+    from runtime.engine import ConfigError, Engine
+    from runtime.weights import CheckpointError
+
     try:
         return Engine.build(engine_config(args))
     except (ConfigError, CheckpointError, KeyError, ValueError) as exc:
@@ -84,17 +95,28 @@ def build_engine(args: argparse.Namespace) -> Engine:
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--min-p", type=float, default=0.0)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--presence-penalty", type=float, default=0.0)
-    parser.add_argument("--frequency-penalty", type=float, default=0.0)
-    parser.add_argument("--repetition-penalty", type=float, default=1.0)
-    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    parser.add_argument("--ignore-eos", action="store_true")
+    parser.add_argument("--max-tokens", type=int, default=16,
+                        help="most tokens generated per prompt (default: 16)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sampling temperature; 0 is greedy (default: 0)")
+    parser.add_argument("--top-p", type=float, default=1.0,
+                        help="nucleus sampling mass, in (0, 1] (default: 1, off)")
+    parser.add_argument("--top-k", type=int, default=0,
+                        help="sample among the k likeliest tokens; 0 or -1 is off (default: 0)")
+    parser.add_argument("--min-p", type=float, default=0.0,
+                        help="drop tokens below min_p x the top probability (default: 0, off)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed of a repeatable sample (default: none, random)")
+    parser.add_argument("--presence-penalty", type=float, default=0.0,
+                        help="in [-2, 2], per token already generated (default: 0)")
+    parser.add_argument("--frequency-penalty", type=float, default=0.0,
+                        help="in [-2, 2], per occurrence in the output (default: 0)")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0,
+                        help="> 0, on tokens of the prompt and output (default: 1, off)")
+    parser.add_argument("--stop", action="append", default=[],
+                        help="stop string (repeatable; default: none)")
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="keep generating past the end-of-sequence token")
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
@@ -113,7 +135,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "ranks, chunked prefill, MTP) and print the completions.")
     add_engine_args(parser)
     add_sampling_args(parser)
-    parser.add_argument("--prompt", action="append", default=[], help="prompt text (repeatable)")
+    parser.add_argument("--prompt", action="append", default=[],
+                        help="prompt text (repeatable)")
     parser.add_argument("--prompt-ids", action="append", default=[],
                         help="prompt token ids, comma separated (repeatable)")
     parser.add_argument("--prompts-file", type=Path,
@@ -139,7 +162,11 @@ def run_compile(args: argparse.Namespace) -> int:
     import subprocess
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    return subprocess.call(precompile_command(engine_config(args)))
+    try:
+        config = engine_config(args)
+    except StaleSpecError as exc:
+        raise SystemExit(f"v4serve: {exc}") from None
+    return subprocess.call(precompile_command(config))
 
 
 class PromptError(ValueError):
@@ -238,14 +265,16 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     outputs = engine.generate(checked, params)
     summary = _summary(engine, outputs, time.perf_counter() - start)
-    for output in outputs:
+    for (where, _), output in zip(prompts, outputs):
         if args.json:
-            print(json.dumps({"prompt_token_ids": output.prompt_ids,
+            print(json.dumps({"source": where, "prompt_token_ids": output.prompt_ids,
                               "output_token_ids": output.output_ids, "text": output.text,
                               "finish_reason": output.finish_reason,
                               "error": output.error}))
-        else:
-            print(output.text if engine.tokenizer else output.output_ids)
+            continue
+        if len(outputs) > 1:               # completions run on without a newline
+            print(f"=== {where} ===")
+        print(output.text if engine.tokenizer else output.output_ids)
     if args.json:
         print(json.dumps(summary))
     else:

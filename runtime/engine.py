@@ -27,7 +27,7 @@ from runtime.request import Request
 from runtime.sampling_params import InvalidParam, SamplingParams
 from runtime.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from runtime.tokenizer import Detokenizer, Tokenizer
-from runtime.weights import load_params
+from runtime.weights import bytes_per_rank, load_params
 
 log = logging.getLogger("v4serve.engine")
 
@@ -102,8 +102,9 @@ class Engine:
                                    {g: grp.blocks_for for g, grp in spec.pools.GROUPS.items()},
                                    slots)
         device = torch.device(config.device or spec.contract.DEVICE)
-        self.runner = ModelRunner(spec, params, self.capacity.blocks, self.k,
-                                  _backend(config, spec), device)
+        self.backend = _backend(config, spec)
+        self.runner = ModelRunner(spec, params, self.capacity.blocks, self.k, self.backend,
+                                  device)
         if config.defer_compile and hasattr(self.runner.decode.backend, "defer"):
             self.runner.decode.backend.defer = True
         self.runner.max_logprobs = config.max_logprobs
@@ -132,6 +133,20 @@ class Engine:
     def pending_graphs(self) -> int:
         """Graphs that run eagerly until a compile saves them (defer_compile)."""
         return self.graphs.pending() if self.graphs is not None else 0
+
+    def summary(self) -> dict:
+        """What was loaded and how much fits: the startup log and /server_info show it."""
+        c, cap, limits = self.spec.contract, self.capacity, self.limits
+        return {
+            "spec": self.spec.SPEC_NAME, "spec_path": self.spec.SPEC_PATH,
+            "checkpoint": str(self.config.model), "backend": self.backend,
+            "device": str(self.runner.device), "ranks": c.RANKS,
+            "param_bytes_per_rank": bytes_per_rank(self.params),
+            "pool_tokens_per_rank": cap.tokens, "pool_bytes_per_rank": cap.bytes,
+            "max_model_len": limits.max_model_len,
+            # requests of max_model_len tokens the pools hold at once, over all ranks
+            "max_concurrency": round(c.RANKS * cap.tokens / limits.max_model_len, 2),
+        }
 
     @classmethod
     def build(cls, config: EngineConfig) -> Engine:

@@ -264,3 +264,14 @@ def dequantize_fp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     codes = torch.stack((raw & 0x0F, raw >> 4), dim=-1).flatten(-2).long()     # [out, in]
     values = torch.tensor(FP4_VALUES, dtype=torch.float32, device=packed.device)[codes]
     return values * scale.repeat_interleave(FP4_GROUP, 1)[:, : values.shape[1]]
+
+
+def bytes_per_rank(params: ModelParams) -> int:
+    """What one rank holds: every dense tensor (replicated) and its share of the routed
+    experts."""
+    dense = sum(t.numel() * t.element_size() for t in params.dense.values())
+    stacks = params.experts.values()
+    routed = sum(t.numel() * t.element_size() for e in stacks for t in (e.w1, e.w2, e.w3))
+    held = sum(e.count for e in stacks)
+    return dense + (routed * params.experts_per_rank * len(params.experts) // held
+                    if held else 0)

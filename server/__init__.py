@@ -1,1 +1,2 @@
-"""v4serve server: the `v4serve` command line (and, with the server issue, the HTTP API)."""
+"""v4serve server: the OpenAI-compatible HTTP API (app, protocol, responses, chat,
+metrics), `v4serve serve` (cli) and the `v4serve` command's root (command)."""

@@ -5,6 +5,7 @@ import asyncio
 import itertools
 import json
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -111,11 +112,18 @@ def _failed(exc: RequestFailedError) -> APIError:
     return APIError(500, str(exc), "InternalServerError")
 
 
+def _authorized(request: Request, key: str) -> bool:
+    """The bearer token equals the key, compared in constant time (as bytes: headers
+    arrive decoded as latin-1)."""
+    given = request.headers.get("authorization", "").encode("latin-1")
+    return secrets.compare_digest(given, b"Bearer " + key.encode("utf-8"))
+
+
 def _guard(state: ServerState, handler):
     """Auth, draining, in-flight accounting and error shaping around an API handler."""
 
     async def endpoint(request: Request) -> Response:
-        if state.api_key and request.headers.get("authorization") != f"Bearer {state.api_key}":
+        if state.api_key and not _authorized(request, state.api_key):
             return _error(APIError(401, "missing or wrong API key", "AuthenticationError"))
         if state.draining or not state.ready:
             return _error(APIError(503, "the server is not accepting requests",
@@ -175,15 +183,18 @@ def _check_model(state: ServerState, name: str | None) -> None:
                             f"{state.model_name!r}", "NotFoundError", "model")
 
 
-def _prompt_ids(state: ServerState, prompt: str | list[int]) -> list[int]:
+def _prompt_ids(state: ServerState, prompt: str | list[int], param: str = "prompt") -> list[int]:
+    """Token ids of a text or token-id prompt; a bad id is a 400 naming its index
+    (`param` is the field the prompt came in: "prompt", "prompt[2]", "tokens")."""
     if isinstance(prompt, str):
         if state.tokenizer is None:
-            raise bad_request("this checkpoint has no tokenizer; send token ids", "prompt")
+            raise bad_request("this checkpoint has no tokenizer; send token ids", param)
         return state.tokenizer.encode(prompt)
     vocab = state.spec.architecture.CONFIG["vocab_size"]
-    bad = [t for t in prompt if not 0 <= t < vocab]
-    if bad:
-        raise bad_request(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", "prompt")
+    for i, t in enumerate(prompt):
+        if not 0 <= t < vocab:
+            raise bad_request(f"token id {t} is outside the vocabulary [0, {vocab})",
+                              f"{param}[{i}]")
     return prompt
 
 
@@ -320,7 +331,10 @@ async def completions(state: ServerState, request: Request) -> Response:
     if req.echo and req.logprobs is not None:
         raise bad_request("echo with logprobs needs prompt log-probs, which this server "
                           "does not compute", "echo")
-    prompts = [_prompt_ids(state, p) for p in req.prompts()]
+    given = req.prompts()
+    batched = isinstance(req.prompt, list) and not isinstance(req.prompt[0], int)
+    prompts = [_prompt_ids(state, p, f"prompt[{i}]" if batched else "prompt")
+               for i, p in enumerate(given)]
     longest = max(len(p) for p in prompts)
     max_tokens = _max_tokens(state, req.max_tokens, longest, "max_tokens")
     # best_of ranks candidates by the log-probs of their tokens, so it always computes them
@@ -461,7 +475,7 @@ async def detokenize(state: ServerState, request: Request) -> Response:
     _check_model(state, req.model)
     if state.tokenizer is None:
         raise bad_request("this checkpoint has no tokenizer")
-    _prompt_ids(state, req.tokens)
+    _prompt_ids(state, req.tokens, "tokens")
     return JSONResponse({"prompt": state.tokenizer.decode(req.tokens)})
 
 
@@ -474,9 +488,12 @@ def health(state: ServerState) -> Response:
 def server_info(state: ServerState) -> dict:
     engine, c = state.engine.engine, state.spec.contract
     cap = engine.capacity
+    summary = engine.summary()
     return {
         "spec": state.spec.SPEC_NAME, "spec_path": state.spec.SPEC_PATH,
-        "model": state.model_name,
+        "model": state.model_name, "checkpoint": summary["checkpoint"],
+        "param_bytes_per_rank": summary["param_bytes_per_rank"],
+        "backend": summary["backend"], "device": summary["device"],
         "topology": {"ranks": c.RANKS, "dp": c.DP, "ep": c.EP, "tp": c.TP, "device": c.DEVICE,
                      "dtype": c.DTYPE, "backend": c.BACKEND},
         "contract": {"tile": c.TILE, "max_extent": c.MAX_EXTENT,
@@ -486,7 +503,8 @@ def server_info(state: ServerState) -> dict:
         "decode_layouts": {str(k): {"batch": lay.batch, "seq": lay.seq, "kernel": lay.kernel}
                            for k, lay in c.DECODE_LAYOUTS.items()},
         "pool_capacity": {"tokens_per_rank": cap.tokens, "bytes_per_rank": cap.bytes,
-                          "blocks_per_rank": cap.blocks},
+                          "blocks_per_rank": cap.blocks,
+                          "max_concurrency": summary["max_concurrency"]},
         "limits": {"max_num_batched_tokens": engine.limits.max_num_batched_tokens,
                    "max_model_len": engine.limits.max_model_len,
                    "max_num_seqs": engine.limits.max_num_seqs,

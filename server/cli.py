@@ -1,25 +1,26 @@
 """`v4serve serve` / `python -m server`: the OpenAI-compatible server under uvicorn.
 
 SIGTERM (or Ctrl-C) drains: new requests get 503, requests in flight run to the end
-(up to --drain-timeout seconds), then the process exits 0.
+(up to --drain-timeout seconds), then the process exits 0. Defining the parser imports
+nothing heavy; `run` imports the engine and the server.
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
+import errno
 import logging
-import signal
+import os
+import socket
 import subprocess
-import sys
 import time
 
-import uvicorn
-
-from runtime.async_engine import AsyncEngine
-from runtime.cli import add_engine_args, build_engine, precompile_command
-from server.app import ServerState, build_app
+from runtime.cli import add_engine_args
 
 log = logging.getLogger("v4serve")
+
+# Where the API key is read from when --api-key is not given (vLLM's name first): the
+# command line is visible to every local user in `ps`, the environment is not.
+API_KEY_ENV = ("VLLM_API_KEY", "V4SERVE_API_KEY")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -33,16 +34,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def configure(parser: argparse.ArgumentParser) -> None:
     add_engine_args(parser)
     parser.set_defaults(defer_compile=True)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default: 127.0.0.1; 0.0.0.0 for all)")
+    parser.add_argument("--port", type=int, default=8000,
+                        help="port to listen on (default: 8000)")
     parser.add_argument("--served-model-name", default=None,
                         help="the model name clients send (default: the spec name)")
-    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
-    parser.add_argument("--max-body-bytes", type=int, default=8 << 20)
+    parser.add_argument("--api-key", default=None,
+                        help="require 'Authorization: Bearer KEY' (default: $VLLM_API_KEY, "
+                             "else $V4SERVE_API_KEY, else no key)")
+    parser.add_argument("--max-body-bytes", type=_positive, default=8 << 20,
+                        help="largest request body accepted, in bytes (default: 8 MiB)")
     parser.add_argument("--max-n", type=_positive, default=None,
                         help="most choices per prompt a request may ask for (n, best_of) "
                              "(default: --max-num-seqs)")
-    parser.add_argument("--drain-timeout", type=float, default=60.0)
+    parser.add_argument("--drain-timeout", type=float, default=60.0,
+                        help="seconds SIGTERM waits for requests in flight (default: 60)")
     parser.set_defaults(func=run)
 
 
@@ -53,46 +60,71 @@ def _positive(text: str) -> int:
     return value
 
 
-class DrainingServer(uvicorn.Server):
-    """uvicorn that, on the first exit signal, drains before it stops."""
-
-    def __init__(self, config: uvicorn.Config, state: ServerState, drain_timeout: float):
-        super().__init__(config)
-        self.state, self.drain_timeout = state, drain_timeout
-
-    def handle_exit(self, sig: int, frame) -> None:
-        if self.state.draining:          # a second signal: stop now
-            return super().handle_exit(sig, frame)
-        self.state.draining = True
-        log.info("draining %d request(s) in flight", self.state.in_flight)
-        asyncio.get_event_loop().create_task(self._drain(sig, frame))
-
-    async def _drain(self, sig: int, frame) -> None:
-        deadline = time.monotonic() + self.drain_timeout
-        while self.state.in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        super().handle_exit(sig, frame)
-        # A drained shutdown is a clean exit: uvicorn would re-raise the signal after it.
-        self._captured_signals.clear()
+def api_key(args: argparse.Namespace) -> str | None:
+    """--api-key, else the first API_KEY_ENV variable set (an empty one means none)."""
+    if args.api_key:
+        return args.api_key
+    return next((os.environ[name] for name in API_KEY_ENV if os.environ.get(name)), None)
 
 
-def make_server(args: argparse.Namespace) -> tuple[DrainingServer, ServerState]:
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the model loads: a port in use is an error
+    at once, not after minutes of loading. SystemExit names the address."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        reason = "is already in use" if exc.errno == errno.EADDRINUSE else f"({exc.strerror})"
+        raise SystemExit(f"v4serve: cannot listen on {host}:{port}: the address {reason}") \
+            from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def make_server(args: argparse.Namespace):
+    """The server and its state, the engine built and warmed up."""
+    import uvicorn
+
+    from runtime.async_engine import AsyncEngine
+    from runtime.cli import build_engine
+    from server.app import ServerState, build_app
+    from server.draining import DrainingServer
+
     built = build_engine(args)
+    log_summary(built.summary())
     compiling = warm_up(built)
     engine = AsyncEngine(built)
     spec = engine.engine.spec
     state = ServerState(engine, spec, args.served_model_name or spec.SPEC_NAME,
-                        api_key=args.api_key, max_body_bytes=args.max_body_bytes,
+                        api_key=api_key(args), max_body_bytes=args.max_body_bytes,
                         max_n=args.max_n, compile_process=compiling)
     config = uvicorn.Config(build_app(state), host=args.host, port=args.port,
                             log_level="info", timeout_graceful_shutdown=args.drain_timeout)
     return DrainingServer(config, state, args.drain_timeout), state
 
 
+def log_summary(summary: dict) -> None:
+    """What was loaded and how many tokens fit (the figures /server_info reports)."""
+    log.info("spec %s (%s), checkpoint %s, backend %s on %s, %d rank(s)", summary["spec"],
+             summary["spec_path"], summary["checkpoint"], summary["backend"],
+             summary["device"], summary["ranks"])
+    log.info("weights: %.1f MiB per rank", summary["param_bytes_per_rank"] / 2**20)
+    log.info("KV cache size: %d tokens per rank (%.1f MiB per rank)",
+             summary["pool_tokens_per_rank"], summary["pool_bytes_per_rank"] / 2**20)
+    log.info("Maximum concurrency for %d tokens per request: %.2fx",
+             summary["max_model_len"], summary["max_concurrency"])
+
+
 def warm_up(engine) -> subprocess.Popen | None:
     """Load every compiled graph there is; for the ones missing, serve eagerly while a
     background process compiles and saves them (the engine picks each up when saved).
     Returns that process, if one was started."""
+    from runtime.cli import precompile_command
+
     start = time.perf_counter()
     engine.warmup()
     pending = engine.pending_graphs()
@@ -109,13 +141,16 @@ def warm_up(engine) -> subprocess.Popen | None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    start = time.perf_counter()
+    sock = bind(args.host, args.port)
     server, state = make_server(args)
     state.engine.start()
     state.ready = True
-    log.info("serving %s (spec %s) on http://%s:%d", state.model_name, state.spec.SPEC_PATH,
-             args.host, args.port)
+    log.info("serving %s (spec %s) on http://%s:%d, ready %.1f s after start",
+             state.model_name, state.spec.SPEC_PATH, args.host, args.port,
+             time.perf_counter() - start)
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         state.engine.shutdown()
         if state.compile_process is not None and state.compile_process.poll() is None:
@@ -127,8 +162,3 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m server", description=__doc__)
     configure(parser)
     return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    sys.exit(main())

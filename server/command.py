@@ -1,11 +1,13 @@
-"""The `v4serve` command: one subcommand per stage of the pipeline."""
+"""The `v4serve` command: one subcommand per stage of the pipeline, each defined by the
+module that owns the stage. Building this parser imports neither torch nor pydantic, so
+`v4serve --help` (and any subcommand's help) answers at once; a subcommand imports what
+it runs."""
 from __future__ import annotations
 
 import argparse
 import sys
 
 from codegen import cli as codegen_cli
-from codegen import spec_new
 from runtime import cli as runtime_cli
 from server import cli as server_cli
 
@@ -15,7 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="v4serve", description="Serve DeepSeek V4 models from declarative specs.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     codegen_cli.add_parser(sub)
-    spec_new.add_parser(sub)
+    codegen_cli.add_spec_parser(sub)
     runtime_cli.add_parser(sub)
     runtime_cli.add_compile_parser(sub)
     server_cli.add_parser(sub)

@@ -54,10 +54,17 @@ def _completion_logprobs(items, tokenizer, offset: int) -> dict:
     return {
         "tokens": tokens,
         "token_logprobs": [_logprob(item.logprob) for item in items],
-        "top_logprobs": [{_token(tokenizer, t): _logprob(lp) for t, lp in item.top}
-                         for item in items],
+        "top_logprobs": [_top(item, tokenizer) for item in items],
         "text_offset": offsets,
     }
+
+
+def _top(item, tokenizer) -> dict[str, float]:
+    """A position's top log-probs as the legacy completions API gives them: the top
+    entries and the sampled token (so `logprobs: 0` still shows the sampled one)."""
+    top = {_token(tokenizer, t): _logprob(lp) for t, lp in item.top}
+    top.setdefault(_token(tokenizer, item.token), _logprob(item.logprob))
+    return top
 
 
 def _chat_logprobs(items, tokenizer) -> dict:

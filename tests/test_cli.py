@@ -1,4 +1,5 @@
-"""The `v4serve` command line: codegen, its drift check and help, the serve placeholder."""
+"""The `v4serve` command line: codegen, its drift check and index, help on every flag,
+stale specs refused, generate's checks and output, the port checked first."""
 from __future__ import annotations
 
 import shutil
@@ -11,7 +12,7 @@ from tests.conftest import REPO, replace_once
 
 
 def _v4serve(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "server.main", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "server.command", *args], cwd=cwd,
                           capture_output=True, text=True, env=_env())
 
 
@@ -100,7 +101,7 @@ def test_generate_rejects_a_k_without_a_layout():
 
 def _generate(capsys, *args: str) -> tuple[int, str]:
     """`v4serve generate` on the reference fixture, in this process: (exit code, stderr)."""
-    from server.main import main
+    from server.command import main
 
     fixture = str(REPO / "tests" / "fixtures" / "v4-tiny")
     code = main(["generate", "--spec", "reference", "--model", fixture, *args])
@@ -142,3 +143,141 @@ def test_generate_names_the_bad_line_of_a_prompts_file(capsys, tmp_path, line, m
 def test_generate_names_a_missing_prompts_file(capsys, tmp_path):
     code, err = _generate(capsys, "--prompts-file", str(tmp_path / "none.txt"))
     assert code == 2 and "none.txt" in err and "No such file" in err
+
+
+def _flags(parser, path=("v4serve",)):
+    """(command path, action) for every flag of every subcommand."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _flags(sub, (*path, name))
+        elif not isinstance(action, argparse._HelpAction):
+            yield " ".join(path), action
+
+
+def test_every_flag_has_help_and_shows_its_default():
+    import argparse
+
+    from server.command import build_parser
+
+    flags = list(_flags(build_parser()))
+    assert len(flags) > 60
+    for command, action in flags:
+        assert action.help, f"{command} {action.option_strings or action.dest}: no help"
+        shown = action.default not in (None, [], argparse.SUPPRESS) and not isinstance(
+            action, (argparse._StoreTrueAction, argparse._StoreFalseAction))
+        if shown and action.option_strings:
+            assert "default" in action.help, f"{command} {action.option_strings}: no default"
+
+
+def test_help_imports_neither_torch_nor_pydantic():
+    probe = ("import sys\nfrom server.command import build_parser\n"
+             "build_parser().format_help()\n"
+             "print(sorted(m for m in ('torch', 'pydantic', 'uvicorn') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
+                            text=True, env=_env())
+    assert result.stdout.strip() == "[]", result.stderr
+
+
+def _edited_tiny(tmp_path):
+    spec = tmp_path / "tiny.yaml"
+    text = (REPO / "specs" / "tiny.yaml").read_text()
+    spec.write_text(replace_once(text, "{k: 1, batch: 4, seq: 2}", "{k: 1, batch: 8, seq: 2}"))
+    return spec
+
+
+@pytest.mark.parametrize("command", [("serve", "--port", "0"), ("generate", "--prompt", "x"),
+                                     ("compile",)])
+def test_a_spec_newer_than_its_generated_code_is_refused_before_loading(tmp_path, command):
+    spec = _edited_tiny(tmp_path)
+    result = _v4serve(*command, "--spec", str(spec), "--model", str(tmp_path / "absent"))
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"spec {spec} has changed since generated/tiny/ was generated" in lines[0]
+    assert f"run `v4serve codegen {spec}`" in lines[0]
+
+
+def test_the_repositorys_spec_edited_names_make_codegen(tmp_path, monkeypatch):
+    from runtime import spec_check
+
+    (tmp_path / "specs").mkdir()
+    _edited_tiny(tmp_path).rename(tmp_path / "specs" / "tiny.yaml")
+    monkeypatch.setattr(spec_check, "REPO", tmp_path)
+    with pytest.raises(spec_check.StaleSpecError, match=r"specs/tiny.yaml has changed since "
+                       r"generated/tiny/ was generated from it; run `make codegen`"):
+        spec_check.load_current("tiny")
+    typo = tmp_path / "specs" / "tiny.yaml"
+    typo.write_text(replace_once(typo.read_text(), "  slots_per_rank: 4", "  slot_per_rank: 4"))
+    with pytest.raises(spec_check.StaleSpecError, match=r"does not validate: .*tiny.yaml:\d+: "
+                       r"prefill.slot_per_rank: unknown key"):
+        spec_check.load_current("tiny")
+    assert spec_check.load_current("reference").SPEC_NAME == "reference"  # absent: as is
+
+
+def test_a_missing_spec_file_is_refused(tmp_path):
+    result = _v4serve("generate", "--spec", str(tmp_path / "none.yaml"), "--prompt", "x")
+    assert result.returncode != 0
+    assert f"--spec {tmp_path / 'none.yaml'}: no such spec file" in result.stderr
+
+
+def test_codegen_of_one_new_spec_indexes_it_beside_the_others(tmp_path):
+    for folder in ("specs", "generated"):
+        shutil.copytree(REPO / folder, tmp_path / folder,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    text = (REPO / "specs" / "tiny.yaml").read_text()
+    (tmp_path / "specs" / "mine.yaml").write_text(text)
+    result = _v4serve("codegen", "specs/mine.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "new      mine/contract.py" in result.stdout
+    assert "changed  __init__.py" in result.stdout and "missing" not in result.stdout
+    index = (tmp_path / "generated" / "__init__.py").read_text()
+    for package in ("mine", "tiny", "reference", "deepseek_v4_flash", "deepseek_v4_pro"):
+        assert f'"{package}": "specs/' in index
+    assert _v4serve("codegen", "--check", cwd=tmp_path).returncode == 0
+
+    (tmp_path / "specs" / "mine.yaml").unlink()
+    result = _v4serve("codegen", cwd=tmp_path)
+    assert "removed  mine/contract.py" in result.stdout and "mine" not in \
+        (tmp_path / "generated" / "__init__.py").read_text()
+
+
+def test_generate_labels_each_of_several_completions(capsys):
+    from server.command import main
+
+    fixture = str(REPO / "tests" / "fixtures" / "v4-tiny")
+    code = main(["generate", "--spec", "reference", "--model", fixture, "--prompt-ids", "5,6",
+                 "--prompt-ids", "7", "--max-tokens", "2"])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert out[0] == "=== --prompt-ids #1 ===" and out[2] == "=== --prompt-ids #2 ==="
+
+
+def test_serve_refuses_a_port_in_use_before_loading(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = _v4serve("serve", "--port", str(port), "--model", str(tmp_path / "absent"))
+    assert result.returncode != 0
+    assert f"cannot listen on 127.0.0.1:{port}: the address is already in use" in result.stderr
+    assert "absent" not in result.stderr          # it never got as far as the checkpoint
+
+
+def test_the_api_key_comes_from_the_flag_else_the_environment(monkeypatch):
+    import argparse
+
+    from server.cli import api_key
+
+    for name in ("VLLM_API_KEY", "V4SERVE_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    assert api_key(argparse.Namespace(api_key=None)) is None
+    monkeypatch.setenv("V4SERVE_API_KEY", "from-v4serve")
+    assert api_key(argparse.Namespace(api_key=None)) == "from-v4serve"
+    monkeypatch.setenv("VLLM_API_KEY", "from-vllm")
+    assert api_key(argparse.Namespace(api_key=None)) == "from-vllm"
+    assert api_key(argparse.Namespace(api_key="flag")) == "flag"

@@ -8,6 +8,8 @@ import pytest
 from tests.model.support import reference_params
 from tests.server.support import LiveServer
 
+pytestmark = pytest.mark.slow
+
 GOOD = {"model": "tiny", "prompt": "t5 t6", "max_tokens": 2, "temperature": 0}
 CASES = {
     "invalid json": (b"{not json", None, 400),

@@ -10,9 +10,12 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from tests.conftest import REPO
 from tests.server.support import free_port
+
+pytestmark = pytest.mark.slow
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen) -> None:
@@ -64,6 +67,11 @@ def test_sigterm_drains_in_flight_requests():
         worker.join(timeout=120)
         assert result["reasons"] == ["length"] and "data: [DONE]" in result["last"]
         assert proc.wait(timeout=60) == 0
+        log = proc.stderr.read()
+        for line in ("spec reference (specs/reference.yaml), checkpoint ", "backend torch on cpu",
+                     "weights: ", "KV cache size: ", "Maximum concurrency for 16384 tokens "
+                     "per request: ", "ready ", "draining 1 request(s) in flight"):
+            assert line in log, log
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -15,6 +15,8 @@ from tests.model.support import reference_params
 from tests.runtime.engine_support import assert_all_free, make_engine
 from tests.server.support import LiveServer
 
+pytestmark = pytest.mark.slow
+
 COMPLETION = '{"model": "tiny", "prompt": "t5 t6", "max_tokens": 2, %s}'
 CHAT = '{"messages": [{"role": "user", "content": "t5 t6"}], "max_tokens": 2, %s}'
 FLOAT_FIELDS = ["temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
@@ -96,6 +98,8 @@ _BODIES = [
     ("content-part-image", _CH, b'{"messages": [{"role": "user", "content": '
      b'[{"type": "image_url", "image_url": {"url": "x"}}]}]}', "messages"),
     ("role-int", _CH, b'{"messages": [{"role": 5, "content": "t5"}]}', "messages[0].role"),
+    ("prompt-id-outside-vocab", _C, b'{"prompt": [5, 999999]}', "prompt[1]"),
+    ("batch-prompt-id-outside-vocab", _C, b'{"prompt": [[5], [5, -1]]}', "prompt[1][1]"),
 ]
 CASES = _cases()
 

@@ -8,6 +8,8 @@ from tests.model.support import reference_params
 from tests.runtime.engine_support import make_engine
 from tests.server.support import LiveServer
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def params():
@@ -87,6 +89,15 @@ def test_logprobs(client):
     assert all(len(top) == 5 for top in lp.top_logprobs)
     assert all(max(top.values()) == pytest.approx(tl)
                for top, tl in zip(lp.top_logprobs, lp.token_logprobs))
+
+
+def test_logprobs_zero_gives_the_sampled_token_at_each_position(client):
+    resp = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=4, temperature=1,
+                                     seed=3, logprobs=0)
+    lp = resp.choices[0].logprobs
+    assert len(lp.top_logprobs) == 4
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert top == {token: pytest.approx(logprob)}
 
 
 def test_echo_list_prompts_and_token_prompts(client, params):

@@ -14,6 +14,8 @@ from tests.model.support import reference_params
 from tests.runtime.engine_support import make_engine
 from tests.server.support import LiveServer
 
+pytestmark = pytest.mark.slow
+
 NAMES = {
     "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
     "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
@@ -89,9 +91,13 @@ def test_health_info_version_and_auth(params):
         assert info["spec"] == "reference" and info["topology"]["ranks"] == 8
         assert info["decode_layouts"]["1"]["kernel"] == "decode_b4s2"
         assert info["pool_capacity"]["tokens_per_rank"] > 0 and info["mtp"]["enabled"]
+        assert info["pool_capacity"]["max_concurrency"] > 0 and info["backend"] == "torch"
+        assert info["param_bytes_per_rank"] > 0 and info["checkpoint"].endswith("v4-tiny")
         body = {"model": "tiny", "prompt": "t5", "max_tokens": 1}
-        denied = httpx.post(f"{live.url}/v1/completions", json=body)
-        assert denied.status_code == 401 and denied.json()["error"]["code"] == 401
+        for headers in ({}, {"authorization": "Bearer s3creT"}, {"authorization": "s3cret"},
+                        {"authorization": "Bearer s3cr\xe9t".encode("latin-1")}):
+            denied = httpx.post(f"{live.url}/v1/completions", json=body, headers=headers)
+            assert denied.status_code == 401 and denied.json()["error"]["code"] == 401
         ok = httpx.post(f"{live.url}/v1/completions", json=body,
                         headers={"authorization": "Bearer s3cret"})
         assert ok.status_code == 200
