@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install codegen check-generated lint test serve train-tiny bench clean
+.PHONY: install codegen check-generated lint test test-unit serve train-tiny bench clean
 
 install: $(STAMP)
 
@@ -26,7 +26,10 @@ lint: install  ## ruff over the hand-written code (generated/ is checked by chec
 test: lint  ## lint, then the whole test suite
 	$(PY) -m pytest -q
 
-serve: install  ## serve the embedded default model (models/tiny) on 127.0.0.1:8000
+test-unit: install  ## the fast tests only (no engine runs, servers or compiles), under a minute
+	$(PY) -m pytest -q -m "not slow"
+
+serve: check-generated  ## serve the embedded default model (models/tiny) on 127.0.0.1:8000
 	$(VENV)/bin/v4serve serve --spec tiny
 
 train-tiny: install  ## retrain models/tiny on this interpreter's standard library (~45 min)

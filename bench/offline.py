@@ -136,7 +136,7 @@ def main() -> None:
           f"{args.device or 'the spec default'}", flush=True)
     hf_tps: dict[int, float] = {}
     if not args.no_transformers:
-        from tests.model.support import load_transformers
+        from bench.transformers_baseline import load_transformers
 
         hf = load_transformers(args.model)
         for n in levels:

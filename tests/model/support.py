@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
-from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+from safetensors.torch import save_file
 
 import generated
+from bench.transformers_baseline import RENAMES, load_transformers, official_name  # noqa: F401
 from runtime.model.forward import logits, main_model
 from runtime.model.paging import PoolView, Segment
 from runtime.model.params import ModelParams
@@ -19,35 +19,6 @@ from runtime.weights import load_params
 REF = generated.load("reference")
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "v4-tiny"
 SPEC_KEYS = tuple(REF.architecture.CONFIG)
-
-# transformers' DeepseekV4ForCausalLM names -> the official checkpoint names.
-RENAMES = (
-    ("model.embed_tokens.", "embed."), ("lm_head.", "head."), ("model.norm.", "norm."),
-    ("model.hc_head.hc_", "hc_head_"), ("model.layers.", "layers."),
-    (".self_attn.compressor.indexer.scorer.weights_proj.", ".attn.indexer.weights_proj."),
-    (".self_attn.compressor.indexer.q_b_proj.", ".attn.indexer.wq_b."),
-    (".self_attn.compressor.indexer.", ".attn.indexer.compressor."),
-    (".self_attn.compressor.", ".attn.compressor."), (".self_attn.", ".attn."),
-    (".compressor.kv_proj.", ".compressor.wkv."), (".compressor.gate_proj.", ".compressor.wgate."),
-    (".compressor.kv_norm.", ".compressor.norm."),
-    (".compressor.position_bias", ".compressor.ape"),
-    (".attn.q_a_proj.", ".attn.wq_a."), (".attn.q_a_norm.", ".attn.q_norm."),
-    (".attn.q_b_proj.", ".attn.wq_b."), (".attn.kv_proj.", ".attn.wkv."),
-    (".attn.o_a_proj.", ".attn.wo_a."), (".attn.o_b_proj.", ".attn.wo_b."),
-    (".attn.sinks", ".attn.attn_sink"), (".mlp.gate.e_score_correction_bias", ".ffn.gate.bias"),
-    (".mlp.shared_experts.gate_proj.", ".ffn.shared_experts.w1."),
-    (".mlp.shared_experts.up_proj.", ".ffn.shared_experts.w3."),
-    (".mlp.shared_experts.down_proj.", ".ffn.shared_experts.w2."), (".mlp.", ".ffn."),
-    (".input_layernorm.", ".attn_norm."), (".post_attention_layernorm.", ".ffn_norm."),
-    (".attn_hc.", ".hc_attn_"), (".ffn_hc.", ".hc_ffn_"),
-)
-
-
-def official_name(name: str) -> str:
-    for old, new in RENAMES:
-        name = name.replace(old, new)
-    return name
-
 
 def export_official(state: dict[str, torch.Tensor], config: dict, out: Path,
                     mtp: dict[str, torch.Tensor]) -> Path:
@@ -73,32 +44,6 @@ def export_official(state: dict[str, torch.Tensor], config: dict, out: Path,
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(config, indent=2))
     return out
-
-
-def load_transformers(directory: Path) -> DeepseekV4ForCausalLM:
-    config = json.loads((directory / "config.json").read_text())
-    keep = {k: v for k, v in config.items() if k not in ("architectures", "model_type",
-                                                          "torch_dtype", "quantization_config")}
-    model = DeepseekV4ForCausalLM(DeepseekV4Config(**keep)).float().eval()
-    tensors = {}
-    for f in sorted(directory.glob("*.safetensors")):
-        tensors.update(load_file(str(f)))
-    state = {}
-    for name, param in model.state_dict().items():
-        official = official_name(name)
-        if official.endswith("ffn.experts.gate_up_proj"):
-            prefix = official.removesuffix("gate_up_proj")
-            state[name] = torch.stack([torch.cat((tensors[f"{prefix}{e}.w1.weight"],
-                                                  tensors[f"{prefix}{e}.w3.weight"]))
-                                       for e in range(param.shape[0])])
-        elif official.endswith("ffn.experts.down_proj"):
-            prefix = official.removesuffix("down_proj")
-            state[name] = torch.stack([tensors[f"{prefix}{e}.w2.weight"]
-                                       for e in range(param.shape[0])])
-        else:
-            state[name] = tensors[official]
-    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
-    return model
 
 
 def reference_params() -> ModelParams:

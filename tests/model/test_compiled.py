@@ -14,6 +14,8 @@ from runtime.backends.compiled.graphs import Graphs
 from runtime.backends.compiled.model import Call, CompiledModel
 from tests.model.support import REF, Driver, golden, reference_params
 
+pytestmark = pytest.mark.slow
+
 TOL = 1e-4
 CASES = golden()
 C = REF.contract

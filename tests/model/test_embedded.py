@@ -13,6 +13,8 @@ from runtime.weights import load_params
 from tests.conftest import REPO
 from tests.model.support import Driver, load_transformers
 
+pytestmark = pytest.mark.slow
+
 MODEL = REPO / "models" / "tiny"
 TINY = generated.load("tiny")
 CODE = '''def fibonacci(n):

@@ -10,6 +10,8 @@ from runtime.sampling_params import SamplingParams
 from tests.model.support import reference_params
 from tests.runtime.engine_support import assert_all_free, make_engine, random_prompt
 
+pytestmark = pytest.mark.slow
+
 PARAMS = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 
 

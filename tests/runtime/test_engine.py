@@ -17,6 +17,8 @@ from tests.runtime.engine_support import (
     random_prompt,
 )
 
+pytestmark = pytest.mark.slow
+
 LENGTHS = [127, 128, 129, 255, 256, 257, 600]
 # the readable reference, and the compiled backend's graphs run eagerly
 BACKENDS = ["torch", "compiled-eager"]

@@ -17,6 +17,8 @@ from runtime.tokenizer import Detokenizer
 from tests.model.support import reference_params
 from tests.runtime.engine_support import assert_all_free, make_engine, random_prompt
 
+pytestmark = pytest.mark.slow
+
 PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 MARK = 424242                      # the seed that marks the faulty request's rows
 FAULTY_PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, seed=MARK)

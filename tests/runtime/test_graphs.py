@@ -2,9 +2,12 @@
 graph without an artifact runs eagerly until another process has saved it."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from runtime.backends.compiled.graphs import Graphs
+
+pytestmark = pytest.mark.slow
 
 
 def scale(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
