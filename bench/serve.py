@@ -1,6 +1,8 @@
 """Serving benchmark: starts `python -m server` (MTP off, then on), sends streaming
 completions at several concurrencies over loopback, and prints TTFT, TPOT, ITL and E2E
-(mean, p50, p99 in ms) with request and output throughput. Prints figures only.
+(mean, p50, p99 in ms) with request and output throughput; beside each row, the offline
+engine's output throughput on the same prompts at the same concurrency (run in this
+process before the server starts, so the two never share the CPU). Prints figures only.
 
     .venv/bin/python bench/serve.py [--model DIR] [--requests 64] [--prompt-len 256]
 """
@@ -72,6 +74,32 @@ async def level(url: str, prompts: list[list[int]], concurrency: int, max_tokens
             "itl": stats(itl), "e2e": stats([r["e2e"] for r in results])}
 
 
+def offline(spec: str, model: Path, k: int, prompts: list[list[int]], levels: list[int],
+            max_tokens: int) -> dict[int, float]:
+    """Output tokens per second of the engine itself, at most `c` requests in flight
+    (a new one added as one finishes, as the served clients do), per level c."""
+    from runtime.engine import Engine, EngineConfig
+    from runtime.sampling_params import SamplingParams
+
+    engine = Engine.build(EngineConfig(spec=spec, model=model, num_speculative_tokens=k))
+    engine.warmup()
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    engine.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4))
+    rates = {}
+    for c in levels:
+        queue, running, tokens = list(prompts), 0, 0
+        start = time.perf_counter()
+        while queue or running:
+            while queue and running < c:
+                engine.add_request(queue.pop(0), params)
+                running += 1
+            for out in engine.step():
+                tokens += len(out.new_ids)
+                running -= out.finished
+        rates[c] = tokens / (time.perf_counter() - start)
+    return rates
+
+
 def start_server(spec: str, model: Path, port: int, k: int) -> subprocess.Popen:
     proc = subprocess.Popen(
         [sys.executable, "-m", "server", "--spec", spec, "--model", str(model), "--port",
@@ -104,17 +132,21 @@ def main() -> None:
     prompts = make_prompts(args.requests, args.prompt_len, args.model)
     print(f"{args.requests} requests, prompt {args.prompt_len} tokens, {args.max_tokens} "
           f"generated, greedy, streaming; latencies in ms (mean / p50 / p99)")
-    print("| MTP | conc | req/s | out tok/s | TTFT | TPOT | ITL | E2E |\n" + "|---" * 8 + "|")
+    print("| MTP | conc | req/s | out tok/s | offline tok/s | served/offline | TTFT | TPOT "
+          "| ITL | E2E |\n" + "|---" * 10 + "|")
+    levels = [int(x) for x in args.concurrency.split(",")]
     for k in (0, 1):
+        alone = offline(args.spec, args.model, k, prompts, levels, args.max_tokens)
         proc = start_server(args.spec, args.model, args.port, k)
         try:
-            for c in [int(x) for x in args.concurrency.split(",")]:
+            for c in levels:
                 r = asyncio.run(level(f"http://127.0.0.1:{args.port}", prompts, c,
                                       args.max_tokens))
                 cell = {m: " / ".join(f"{v:.0f}" for v in r[m])
                         for m in ("ttft", "tpot", "itl", "e2e")}
                 print(f"| {'on' if k else 'off'} | {c} | {r['req/s']:.2f} | "
-                      f"{r['out tok/s']:.1f} | {cell['ttft']} | {cell['tpot']} | "
+                      f"{r['out tok/s']:.1f} | {alone[c]:.1f} | "
+                      f"{r['out tok/s'] / alone[c]:.0%} | {cell['ttft']} | {cell['tpot']} | "
                       f"{cell['itl']} | {cell['e2e']} |", flush=True)
         finally:
             proc.terminate()

@@ -32,6 +32,30 @@ class RequestFailedError(RuntimeError):
     """One request's own processing failed; the engine goes on."""
 
 
+async def consume(queue: asyncio.Queue, request_id: str,
+                  abort) -> AsyncIterator[RequestOutput]:
+    """A request's outputs from the queue its engine fills: RequestOutputs, then the end;
+    or a refusal (ValueError), its own failure (RequestFailedError, or an output with an
+    error) or the engine's (any other exception: EngineDeadError). A consumer that stops
+    early aborts the request."""
+    finished = False
+    try:
+        while not finished:
+            item = await queue.get()
+            if isinstance(item, ValueError | RequestFailedError):
+                finished = True
+                raise item
+            if isinstance(item, BaseException):
+                raise EngineDeadError(f"the engine stopped: {item}") from item
+            finished = item.finished
+            if item.error is not None:
+                raise RequestFailedError(f"request {request_id} failed: {item.error}")
+            yield item
+    finally:
+        if not finished:
+            abort(request_id)
+
+
 class AsyncEngine:
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -43,6 +67,27 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._loop, name="v4serve-engine", daemon=True)
         self._stopping = False
         self.error: BaseException | None = None
+
+    # -- what the server reads (runtime/core_client.py answers the same for a core) --
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def admission(self):
+        return self.engine.admission
+
+    def summary(self) -> dict:
+        return self.engine.summary()
+
+    def snapshot(self) -> dict:
+        """The engine's counters and gauges, read between two steps."""
+        return self.run_locked(lambda engine: engine.snapshot())
+
+    @property
+    def ready(self) -> bool:
+        return True             # built before the server starts
 
     @property
     def healthy(self) -> bool:
@@ -69,22 +114,8 @@ class AsyncEngine:
         self._streams[request_id] = (asyncio.get_running_loop(), queue)
         self._incoming.append((request_id, prompt, params))
         self._wake.set()
-        finished = False
-        try:
-            while not finished:
-                item = await queue.get()
-                if isinstance(item, ValueError | RequestFailedError):
-                    finished = True
-                    raise item
-                if isinstance(item, BaseException):
-                    raise EngineDeadError(f"the engine stopped: {item}") from item
-                finished = item.finished
-                if item.error is not None:
-                    raise RequestFailedError(f"request {request_id} failed: {item.error}")
-                yield item
-        finally:
-            if not finished:
-                self.abort(request_id)
+        async for item in consume(queue, request_id, self.abort):
+            yield item
 
     def abort(self, request_id: str) -> None:
         self._streams.pop(request_id, None)

@@ -19,21 +19,16 @@ from pathlib import Path
 import torch
 
 import generated
-from runtime import capacity
-from runtime.block_pool import BlockPool
+from runtime.admission import Admission, ConfigError  # noqa: F401  (ConfigError: re-exported)
+from runtime.detokenizer import Detokenizer
 from runtime.model_runner import ModelRunner, StepResult, TokenLogprobs
-from runtime.mtp_slots import SlotTable
 from runtime.request import Request
-from runtime.sampling_params import InvalidParam, SamplingParams
-from runtime.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from runtime.tokenizer import Detokenizer, Tokenizer
+from runtime.sampling_params import SamplingParams
+from runtime.scheduler import SchedulerOutput
+from runtime.tokenizer import Tokenizer
 from runtime.weights import bytes_per_rank, load_params
 
 log = logging.getLogger("v4serve.engine")
-
-
-class ConfigError(ValueError):
-    """A configuration the spec cannot serve; the message names the flag and the spec."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +47,7 @@ class EngineConfig:
     max_logprobs: int = 20                        # most top log-probs a request may ask for
     enforce_eager: bool = False                   # never compile (vLLM's --enforce-eager)
     defer_compile: bool = False                   # uncompiled graphs run eagerly meanwhile
+    detokenize: bool = True     # text and stop strings here (off: the API server does them)
 
 
 @dataclass
@@ -84,23 +80,10 @@ class Stats:
 class Engine:
     def __init__(self, config: EngineConfig, spec, params, tokenizer: Tokenizer | None):
         self.config, self.spec, self.params, self.tokenizer = config, spec, params, tokenizer
-        self.k, limits = _resolve(config, spec)
-        self.limits = limits
-        running_per_rank = limits.max_running_per_rank
-        groups = spec.pools.GROUPS
-        budget = config.kv_cache_memory or capacity.bytes_for(
-            groups, running_per_rank,
-            capacity.tokens_for(groups, running_per_rank, limits.max_model_len))
-        self.capacity = capacity.plan(groups, budget, running_per_rank)
-        if self.capacity.tokens < limits.max_model_len:
-            raise ConfigError(f"the pools hold {self.capacity.tokens} tokens per rank, less "
-                              f"than one request of max_model_len {limits.max_model_len}; "
-                              "raise --kv-cache-memory or lower --max-model-len")
-        c = spec.contract
-        slots = SlotTable(c.RANKS, c.REQUEST_SLOTS_PER_RANK)
-        self.scheduler = Scheduler(limits, BlockPool(self.capacity.blocks, spec.contract.RANKS),
-                                   {g: grp.blocks_for for g, grp in spec.pools.GROUPS.items()},
-                                   slots)
+        self.admission = Admission.plan(config, spec)
+        self.k, self.limits, self.capacity = (self.admission.k, self.admission.limits,
+                                              self.admission.capacity)
+        self.scheduler = self.admission.scheduler()
         device = torch.device(config.device or spec.contract.DEVICE)
         self.backend = _backend(config, spec)
         self.runner = ModelRunner(spec, params, self.capacity.blocks, self.k, self.backend,
@@ -148,6 +131,32 @@ class Engine:
             "max_concurrency": round(c.RANKS * cap.tokens / limits.max_model_len, 2),
         }
 
+    def graph_info(self) -> dict:
+        """The compiled backend's graphs: seconds each took to compile or load, and how
+        many still run eagerly while a background compile finishes them."""
+        graphs = self.graphs
+        if graphs is None:
+            return {"mode": "eager", "compiled": {}, "pending": 0}
+        return {"mode": graphs.mode, "pending": graphs.pending(),
+                "compiled": {key: round(sec, 3) for key, sec in graphs.seconds.items()}}
+
+    def snapshot(self) -> dict:
+        """Counters and gauges for /metrics, as plain data (a separate engine core sends
+        it with each step's outputs)."""
+        s, sched = self.stats, self.scheduler
+        pool = sched.pool
+        return {
+            "running": sched.num_running, "waiting": len(sched.waiting),
+            "kv_usage": max((pool.usage(r) for r in range(pool.ranks)), default=0.0),
+            "pool_usage": {f"{group}/{rank}": pool.used(rank, group) / total if total else 0.0
+                           for rank in range(pool.ranks)
+                           for group, total in pool.capacity.items()},
+            "prompt_tokens": s.prompt_tokens, "generation_tokens": s.generation_tokens,
+            "preemptions": sched.num_preemptions, "drafts": s.drafts,
+            "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
+            "dispatches": dict(self.dispatches), "graphs": self.graph_info(),
+        }
+
     @classmethod
     def build(cls, config: EngineConfig) -> Engine:
         spec = generated.load(config.spec)
@@ -164,7 +173,7 @@ class Engine:
         """Queue a request; ValueError (InvalidParam naming the field where one is at
         fault) says why it can never run."""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self._check(ids, params)
+        self.admission.check(ids, params)
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -172,7 +181,8 @@ class Engine:
         if self.tokenizer and self.tokenizer.eos_id is not None:
             eos = self.tokenizer.eos_id
         request = Request(request_id, ids, params, next(self._arrival), eos)
-        detok = Detokenizer(self.tokenizer, params.stop) if self.tokenizer else None
+        detok = Detokenizer(self.tokenizer, params.stop) \
+            if self.tokenizer and self.config.detokenize else None
         self.scheduler.add(request)           # the last step that may refuse it
         self.requests[request_id] = request
         if detok is not None:
@@ -181,24 +191,7 @@ class Engine:
 
     def validate(self, ids: list[int], params: SamplingParams) -> None:
         """InvalidParam if a request of these ids and params could never run here."""
-        self._check(ids, params)
-        reason = self.scheduler.check(Request("check", ids, params, -1))
-        if reason:
-            raise InvalidParam("prompt", reason)
-
-    def _check(self, ids: list[int], params: SamplingParams) -> None:
-        """What needs the model: token ids within the vocabulary, the log-prob limit."""
-        if not ids:
-            raise InvalidParam("prompt", "the prompt is empty")
-        for param, tokens in (("prompt", ids), ("stop_token_ids", params.stop_token_ids),
-                              ("logit_bias", [t for t, _ in params.logit_bias])):
-            bad = [t for t in tokens if not 0 <= t < self.vocab_size]
-            if bad:
-                raise InvalidParam(param, f"token id {bad[0]} is outside the vocabulary "
-                                          f"[0, {self.vocab_size})")
-        if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
-            raise InvalidParam("logprobs", f"logprobs must be at most "
-                                           f"{self.config.max_logprobs}, got {params.logprobs}")
+        self.admission.validate(ids, params)
 
     @property
     def vocab_size(self) -> int:
@@ -305,37 +298,3 @@ def _backend(config: EngineConfig, spec) -> str:
     backend's graphs as they are."""
     backend = config.backend or spec.contract.BACKEND
     return "compiled-eager" if config.enforce_eager and backend == "compiled" else backend
-
-
-def _resolve(config: EngineConfig, spec) -> tuple[int, SchedulerConfig]:
-    """The K and limits in force: the spec's, lowered by the command line."""
-    c = spec.contract
-    k = c.DEFAULT_NUM_SPECULATIVE_TOKENS if config.num_speculative_tokens is None \
-        else config.num_speculative_tokens
-    if k not in c.DECODE_LAYOUTS:
-        raise ConfigError(f"--num-speculative-tokens {k}: spec {spec.SPEC_PATH} has decode "
-                          f"layouts for K in {sorted(c.DECODE_LAYOUTS)}")
-    if k > 1:
-        raise ConfigError(f"--num-speculative-tokens {k}: this runtime verifies one draft "
-                          "token per step (K <= 1)")
-    limits = {}
-    for name in ("max_num_batched_tokens", "long_prefill_token_threshold", "max_model_len",
-                 "max_num_seqs"):
-        ceiling, value = getattr(c, name.upper()), getattr(config, name)
-        if value is not None and not 0 < value <= ceiling:
-            raise ConfigError(f"--{name.replace('_', '-')} {value}: must be in [1, {ceiling}] "
-                              f"(the limit of {spec.SPEC_PATH})")
-        limits[name] = value or ceiling
-    extent = c.effective_extent(limits["max_num_batched_tokens"],
-                                limits["long_prefill_token_threshold"], limits["max_model_len"])
-    if not config.enable_chunked_prefill and limits["max_model_len"] > extent:
-        raise ConfigError(f"--no-enable-chunked-prefill needs max_model_len "
-                          f"({limits['max_model_len']}) within one prefill dispatch ({extent}); "
-                          "lower --max-model-len")
-    layout = c.DECODE_LAYOUTS[k]
-    return k, SchedulerConfig(
-        ranks=c.RANKS, prefill_slots=c.SLOTS_PER_RANK, decode_batch=layout.batch,
-        micro_batches=c.DECODE_MICRO_BATCHES, k=k, effective_extent=extent,
-        max_num_batched_tokens=limits["max_num_batched_tokens"],
-        max_num_seqs=limits["max_num_seqs"], max_model_len=limits["max_model_len"],
-        chunked_prefill=config.enable_chunked_prefill)

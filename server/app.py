@@ -5,6 +5,7 @@ import asyncio
 import itertools
 import json
 import logging
+import os
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -65,15 +66,15 @@ class ServerState:
 
     @property
     def tokenizer(self):
-        return self.engine.engine.tokenizer
+        return self.engine.tokenizer
 
     @property
     def max_model_len(self) -> int:
-        return self.engine.engine.limits.max_model_len
+        return self.engine.admission.limits.max_model_len
 
     @property
     def choice_limit(self) -> int:
-        return self.max_n or self.engine.engine.limits.max_num_seqs
+        return self.max_n or self.engine.admission.limits.max_num_seqs
 
 
 def build_app(state: ServerState) -> Starlette:
@@ -85,7 +86,7 @@ def build_app(state: ServerState) -> Starlette:
         Route("/detokenize", _guard(state, detokenize), methods=["POST"]),
         Route("/health", lambda r: health(state), methods=["GET"]),
         Route("/version", lambda r: JSONResponse({"version": VERSION}), methods=["GET"]),
-        Route("/server_info", lambda r: JSONResponse(server_info(state)), methods=["GET"]),
+        Route("/server_info", lambda r: _info(state), methods=["GET"]),
         Route("/metrics", lambda r: Response(state.metrics.render(),
                                              media_type="text/plain; version=0.0.4"),
               methods=["GET"]),
@@ -127,6 +128,9 @@ def _guard(state: ServerState, handler):
             return _error(APIError(401, "missing or wrong API key", "AuthenticationError"))
         if state.draining or not state.ready:
             return _error(APIError(503, "the server is not accepting requests",
+                                   "ServiceUnavailableError"))
+        if not state.engine.ready:
+            return _error(APIError(503, "the engine is still loading",
                                    "ServiceUnavailableError"))
         state.in_flight += 1
         streaming = False
@@ -217,7 +221,7 @@ def _max_tokens(state: ServerState, requested: int | None, prompt_len: int, para
 
 def _validate(state: ServerState, req, ids: list[int], params: SamplingParams) -> None:
     try:
-        state.engine.engine.validate(ids, params)
+        state.engine.admission.validate(ids, params)
     except InvalidParam as exc:
         raise req.invalid(exc) from None
 
@@ -485,40 +489,37 @@ def health(state: ServerState) -> Response:
     return Response(status_code=503)
 
 
+def _info(state: ServerState) -> Response:
+    if not state.engine.ready:
+        return _error(APIError(503, "the engine is still loading", "ServiceUnavailableError"))
+    return JSONResponse(server_info(state))
+
+
 def server_info(state: ServerState) -> dict:
-    engine, c = state.engine.engine, state.spec.contract
-    cap = engine.capacity
-    summary = engine.summary()
+    engine, c = state.engine, state.spec.contract
+    admission, summary = engine.admission, engine.summary()
+    cap, limits = admission.capacity, admission.limits
     return {
         "spec": state.spec.SPEC_NAME, "spec_path": state.spec.SPEC_PATH,
         "model": state.model_name, "checkpoint": summary["checkpoint"],
         "param_bytes_per_rank": summary["param_bytes_per_rank"],
         "backend": summary["backend"], "device": summary["device"],
+        "engine": "process" if getattr(engine, "process", None) else "thread",
+        "engine_pid": engine.process.pid if getattr(engine, "process", None) else os.getpid(),
         "topology": {"ranks": c.RANKS, "dp": c.DP, "ep": c.EP, "tp": c.TP, "device": c.DEVICE,
                      "dtype": c.DTYPE, "backend": c.BACKEND},
         "contract": {"tile": c.TILE, "max_extent": c.MAX_EXTENT,
                      "slots_per_rank": c.SLOTS_PER_RANK, "mtp_window": c.MTP_WINDOW,
-                     "block_size": c.BLOCK_SIZE,
-                     "effective_extent": engine.limits.effective_extent},
+                     "block_size": c.BLOCK_SIZE, "effective_extent": limits.effective_extent},
         "decode_layouts": {str(k): {"batch": lay.batch, "seq": lay.seq, "kernel": lay.kernel}
                            for k, lay in c.DECODE_LAYOUTS.items()},
         "pool_capacity": {"tokens_per_rank": cap.tokens, "bytes_per_rank": cap.bytes,
                           "blocks_per_rank": cap.blocks,
                           "max_concurrency": summary["max_concurrency"]},
-        "limits": {"max_num_batched_tokens": engine.limits.max_num_batched_tokens,
-                   "max_model_len": engine.limits.max_model_len,
-                   "max_num_seqs": engine.limits.max_num_seqs,
-                   "chunked_prefill": engine.limits.chunked_prefill},
-        "mtp": {"enabled": engine.k > 0, "num_speculative_tokens": engine.k},
-        "graphs": _graphs(engine),
+        "limits": {"max_num_batched_tokens": limits.max_num_batched_tokens,
+                   "max_model_len": limits.max_model_len,
+                   "max_num_seqs": limits.max_num_seqs,
+                   "chunked_prefill": limits.chunked_prefill},
+        "mtp": {"enabled": admission.k > 0, "num_speculative_tokens": admission.k},
+        "graphs": engine.snapshot()["graphs"],
     }
-
-
-def _graphs(engine) -> dict:
-    """The compiled backend's graphs: seconds each took to compile or load, and how
-    many still run eagerly while a background compile finishes them."""
-    graphs = engine.graphs
-    if graphs is None:
-        return {"mode": "eager", "compiled": {}, "pending": 0}
-    return {"mode": graphs.mode, "pending": graphs.pending(),
-            "compiled": {key: round(seconds, 3) for key, seconds in graphs.seconds.items()}}

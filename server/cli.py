@@ -50,6 +50,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "(default: --max-num-seqs)")
     parser.add_argument("--drain-timeout", type=float, default=60.0,
                         help="seconds SIGTERM waits for requests in flight (default: 60)")
+    parser.add_argument("--no-engine-process", dest="engine_process", action="store_false",
+                        help="run the engine in a thread of the server process instead of "
+                             "an engine-core process of its own (slower; for debugging)")
     parser.set_defaults(func=run)
 
 
@@ -86,25 +89,54 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def make_server(args: argparse.Namespace):
-    """The server and its state, the engine built and warmed up."""
+    """The server and its state. The engine core process starts with the server and
+    loads in the background (/health is 503 until it is ready); with
+    --no-engine-process the engine is built and warmed up here first."""
     import uvicorn
 
-    from runtime.async_engine import AsyncEngine
-    from runtime.cli import build_engine
     from server.app import ServerState, build_app
     from server.draining import DrainingServer
 
-    built = build_engine(args)
-    log_summary(built.summary())
-    compiling = warm_up(built)
-    engine = AsyncEngine(built)
-    spec = engine.engine.spec
+    engine, spec, compiling = (_core(args) if args.engine_process else _in_process(args))
     state = ServerState(engine, spec, args.served_model_name or spec.SPEC_NAME,
                         api_key=api_key(args), max_body_bytes=args.max_body_bytes,
                         max_n=args.max_n, compile_process=compiling)
     config = uvicorn.Config(build_app(state), host=args.host, port=args.port,
                             log_level="info", timeout_graceful_shutdown=args.drain_timeout)
     return DrainingServer(config, state, args.drain_timeout), state
+
+
+def _core(args: argparse.Namespace):
+    """A client of an engine core process, not started yet."""
+    from runtime.admission import ConfigError
+    from runtime.cli import engine_config
+    from runtime.core_client import CoreClient
+    from runtime.spec_check import StaleSpecError
+
+    try:
+        client = CoreClient(engine_config(args))
+    except (ConfigError, StaleSpecError, KeyError) as exc:
+        raise SystemExit(f"v4serve: {exc.args[0] if exc.args else exc}") from None
+    started = time.perf_counter()
+
+    def ready(summary: dict) -> None:
+        log_summary(summary)
+        log.info("ready: the engine core (pid %d) loaded in %.1f s", client.process.pid,
+                 time.perf_counter() - started)
+
+    client.on_ready = ready
+    return client, client.spec, None
+
+
+def _in_process(args: argparse.Namespace):
+    """The engine in a thread of this process, built and warmed up."""
+    from runtime.async_engine import AsyncEngine
+    from runtime.cli import build_engine
+
+    built = build_engine(args)
+    log_summary(built.summary())
+    compiling = warm_up(built)
+    return AsyncEngine(built), built.spec, compiling
 
 
 def log_summary(summary: dict) -> None:
@@ -124,12 +156,14 @@ def warm_up(engine) -> subprocess.Popen | None:
     background process compiles and saves them (the engine picks each up when saved).
     Returns that process, if one was started."""
     from runtime.cli import precompile_command
+    from runtime.parent_watch import arm_death_signal
 
     start = time.perf_counter()
     engine.warmup()
     pending = engine.pending_graphs()
     if pending:
-        process = subprocess.Popen(precompile_command(engine.config))
+        process = subprocess.Popen(precompile_command(engine.config),
+                                   preexec_fn=arm_death_signal)
         log.info("%d graph(s) are not compiled yet: compiling them in the background "
                  "(pid %d); they run eagerly meanwhile", pending, process.pid)
         return process
@@ -146,9 +180,10 @@ def run(args: argparse.Namespace) -> int:
     server, state = make_server(args)
     state.engine.start()
     state.ready = True
-    log.info("serving %s (spec %s) on http://%s:%d, ready %.1f s after start",
+    log.info("serving %s (spec %s) on http://%s:%d, %.1f s after start; %s",
              state.model_name, state.spec.SPEC_PATH, args.host, args.port,
-             time.perf_counter() - start)
+             time.perf_counter() - start,
+             "ready" if state.engine.ready else "the engine core is loading (/health 503)")
     try:
         server.run(sockets=[sock])
     finally:

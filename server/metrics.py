@@ -1,22 +1,21 @@
 """Prometheus metrics with vLLM's names where one exists, plus v4serve's own.
 
-Engine counters and gauges are read at scrape time (between two engine steps); request
-latencies are observed by the server as streams progress.
+Engine counters and gauges come from the engine's snapshot (read between two steps of an
+engine in this process; pushed with each step's outputs by a separate engine core, so a
+scrape never waits for a step); request latencies are observed by the server as streams
+progress.
 """
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from runtime.async_engine import AsyncEngine
-from runtime.engine import Engine
-
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 
 
 class Metrics:
-    def __init__(self, engine: AsyncEngine, model_name: str):
+    def __init__(self, engine, model_name: str):
         self.engine, self.labels = engine, {"model_name": model_name}
         self.registry = CollectorRegistry()
         names = ["model_name"]
@@ -42,18 +41,17 @@ class Metrics:
 
 
 class _EngineCollector:
-    def __init__(self, engine: AsyncEngine, model_name: str):
+    def __init__(self, engine, model_name: str):
         self.engine, self.model_name = engine, model_name
 
     def collect(self):
-        return self.engine.run_locked(self._families)
+        snap, m = self.engine.snapshot(), self.model_name
+        if snap is None:                     # an engine core still loading
+            return []
 
-    def _families(self, engine: Engine) -> list:
-        m, s, sched = self.model_name, engine.stats, engine.scheduler
-
-        def gauge(name, doc, value, labels=None):
-            family = GaugeMetricFamily(name, doc, labels=["model_name", *(labels or {})])
-            family.add_metric([m, *(labels or {}).values()], value)
+        def gauge(name, doc, value):
+            family = GaugeMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric([m], value)
             return family
 
         def counter(name, doc, value):
@@ -61,29 +59,27 @@ class _EngineCollector:
             family.add_metric([m], value)
             return family
 
-        pool = sched.pool
-        usage = max((pool.usage(r) for r in range(pool.ranks)), default=0.0)
         families = [
-            gauge("vllm:num_requests_running", "Requests running", sched.num_running),
-            gauge("vllm:num_requests_waiting", "Requests waiting", len(sched.waiting)),
+            gauge("vllm:num_requests_running", "Requests running", snap["running"]),
+            gauge("vllm:num_requests_waiting", "Requests waiting", snap["waiting"]),
             gauge("vllm:kv_cache_usage_perc", "Fullest pool group on the fullest rank, 0-1",
-                  usage),
-            counter("vllm:prompt_tokens", "Prompt tokens prefilled", s.prompt_tokens),
-            counter("vllm:generation_tokens", "Tokens generated", s.generation_tokens),
-            counter("vllm:num_preemptions", "Preemptions", sched.num_preemptions),
-            counter("vllm:spec_decode_num_drafts", "MTP drafts", s.drafts),
-            counter("vllm:spec_decode_num_draft_tokens", "MTP draft tokens", s.draft_tokens),
+                  snap["kv_usage"]),
+            counter("vllm:prompt_tokens", "Prompt tokens prefilled", snap["prompt_tokens"]),
+            counter("vllm:generation_tokens", "Tokens generated", snap["generation_tokens"]),
+            counter("vllm:num_preemptions", "Preemptions", snap["preemptions"]),
+            counter("vllm:spec_decode_num_drafts", "MTP drafts", snap["drafts"]),
+            counter("vllm:spec_decode_num_draft_tokens", "MTP draft tokens",
+                    snap["draft_tokens"]),
             counter("vllm:spec_decode_num_accepted_tokens", "MTP accepted draft tokens",
-                    s.accepted_tokens),
+                    snap["accepted_tokens"]),
         ]
         dispatches = CounterMetricFamily("v4serve:dispatches", "Kernel launches by kernel",
                                          labels=["model_name", "kernel"])
-        for kernel, count in sorted(engine.dispatches.items()):
+        for kernel, count in sorted(snap["dispatches"].items()):
             dispatches.add_metric([m, kernel], count)
         pools = GaugeMetricFamily("v4serve:pool_usage_perc", "Used fraction of a pool group",
                                   labels=["model_name", "group", "rank"])
-        for rank in range(pool.ranks):
-            for group, total in pool.capacity.items():
-                pools.add_metric([m, group, str(rank)], pool.used(rank, group) / total
-                                 if total else 0.0)
+        for key, used in snap["pool_usage"].items():
+            group, rank = key.split("/")
+            pools.add_metric([m, group, rank], used)
         return families + [dispatches, pools]

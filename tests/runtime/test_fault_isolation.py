@@ -11,9 +11,9 @@ import torch
 
 from runtime import batch_sampler
 from runtime.async_engine import AsyncEngine, RequestFailedError
+from runtime.detokenizer import Detokenizer
 from runtime.model_runner import ModelRunner
 from runtime.sampling_params import SamplingParams
-from runtime.tokenizer import Detokenizer
 from tests.model.support import reference_params
 from tests.runtime.engine_support import assert_all_free, make_engine, random_prompt
 

@@ -1,7 +1,8 @@
 """Incremental detokenization and stop strings."""
 from __future__ import annotations
 
-from runtime.tokenizer import Detokenizer, Tokenizer
+from runtime.detokenizer import Detokenizer
+from runtime.tokenizer import Tokenizer
 from tests.model.support import FIXTURE
 
 TOK = Tokenizer(FIXTURE)

@@ -48,3 +48,48 @@ class LiveServer:
         self.server.should_exit = True
         self.thread.join(timeout=30)
         self.engine.shutdown()
+
+
+class ServerProcess:
+    """`python -m server` on the reference fixture, as a user starts it (the engine in a
+    core process of its own), healthy on entry; killed on exit if still running."""
+
+    def __init__(self, *flags: str):
+        import os
+        import subprocess
+        import sys
+
+        from tests.conftest import REPO
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "server", "--spec", "reference", "--model",
+             str(REPO / "tests/fixtures/v4-tiny"), "--port", str(self.port),
+             "--served-model-name", "tiny", *flags],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)})
+
+    def __enter__(self) -> ServerProcess:
+        import httpx
+
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.proc.stderr.read()
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError("the server never became healthy")
+
+    def core_pid(self) -> int:
+        import httpx
+
+        return httpx.get(f"{self.url}/server_info").json()["engine_pid"]
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)

@@ -1,0 +1,117 @@
+"""Admission: what decides, without the model, whether a request can ever run: the K and
+limits in force (the spec's, lowered by the command line), the pool capacity, and the
+checks on a request's token ids and parameters. Torch-free. The engine plans one; the API
+server in front of a separate engine core plans the same one, so it refuses with a 400
+exactly what the core would refuse."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from runtime import capacity
+from runtime.block_pool import BlockPool
+from runtime.mtp_slots import SlotTable
+from runtime.request import Request
+from runtime.sampling_params import InvalidParam, SamplingParams
+from runtime.scheduler import Scheduler, SchedulerConfig
+
+
+class ConfigError(ValueError):
+    """A configuration the spec cannot serve; the message names the flag and the spec."""
+
+
+@dataclass
+class Admission:
+    spec: ModuleType
+    k: int
+    limits: SchedulerConfig
+    capacity: capacity.Capacity
+    max_logprobs: int
+
+    def __post_init__(self) -> None:
+        self._checker = self.scheduler()        # only ever asked `check`: it stays empty
+
+    @classmethod
+    def plan(cls, config: Any, spec: ModuleType) -> Admission:
+        """The admission of an EngineConfig on a generated spec; ConfigError if the spec
+        cannot serve it."""
+        k, limits = _resolve(config, spec)
+        running_per_rank = limits.max_running_per_rank
+        groups = spec.pools.GROUPS
+        budget = config.kv_cache_memory or capacity.bytes_for(
+            groups, running_per_rank,
+            capacity.tokens_for(groups, running_per_rank, limits.max_model_len))
+        cap = capacity.plan(groups, budget, running_per_rank)
+        if cap.tokens < limits.max_model_len:
+            raise ConfigError(f"the pools hold {cap.tokens} tokens per rank, less than one "
+                              f"request of max_model_len {limits.max_model_len}; raise "
+                              "--kv-cache-memory or lower --max-model-len")
+        return cls(spec, k, limits, cap, config.max_logprobs)
+
+    def scheduler(self) -> Scheduler:
+        """A scheduler on these limits, with empty pools and slot table."""
+        c = self.spec.contract
+        return Scheduler(self.limits, BlockPool(self.capacity.blocks, c.RANKS),
+                         {g: grp.blocks_for for g, grp in self.spec.pools.GROUPS.items()},
+                         SlotTable(c.RANKS, c.REQUEST_SLOTS_PER_RANK))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.spec.architecture.CONFIG["vocab_size"]
+
+    def check(self, ids: list[int], params: SamplingParams) -> None:
+        """InvalidParam for what the model cannot take: an empty prompt, token ids outside
+        the vocabulary, more log-probs than the limit."""
+        if not ids:
+            raise InvalidParam("prompt", "the prompt is empty")
+        for param, tokens in (("prompt", ids), ("stop_token_ids", params.stop_token_ids),
+                              ("logit_bias", [t for t, _ in params.logit_bias])):
+            bad = [t for t in tokens if not 0 <= t < self.vocab_size]
+            if bad:
+                raise InvalidParam(param, f"token id {bad[0]} is outside the vocabulary "
+                                          f"[0, {self.vocab_size})")
+        if params.logprobs is not None and params.logprobs > self.max_logprobs:
+            raise InvalidParam("logprobs", f"logprobs must be at most {self.max_logprobs}, "
+                                           f"got {params.logprobs}")
+
+    def validate(self, ids: list[int], params: SamplingParams) -> None:
+        """InvalidParam if a request of these ids and params could never run here."""
+        self.check(ids, params)
+        reason = self._checker.check(Request("check", ids, params, -1))
+        if reason:
+            raise InvalidParam("prompt", reason)
+
+
+def _resolve(config: Any, spec: ModuleType) -> tuple[int, SchedulerConfig]:
+    """The K and limits in force: the spec's, lowered by the command line."""
+    c = spec.contract
+    k = c.DEFAULT_NUM_SPECULATIVE_TOKENS if config.num_speculative_tokens is None \
+        else config.num_speculative_tokens
+    if k not in c.DECODE_LAYOUTS:
+        raise ConfigError(f"--num-speculative-tokens {k}: spec {spec.SPEC_PATH} has decode "
+                          f"layouts for K in {sorted(c.DECODE_LAYOUTS)}")
+    if k > 1:
+        raise ConfigError(f"--num-speculative-tokens {k}: this runtime verifies one draft "
+                          "token per step (K <= 1)")
+    limits = {}
+    for name in ("max_num_batched_tokens", "long_prefill_token_threshold", "max_model_len",
+                 "max_num_seqs"):
+        ceiling, value = getattr(c, name.upper()), getattr(config, name)
+        if value is not None and not 0 < value <= ceiling:
+            raise ConfigError(f"--{name.replace('_', '-')} {value}: must be in [1, {ceiling}] "
+                              f"(the limit of {spec.SPEC_PATH})")
+        limits[name] = value or ceiling
+    extent = c.effective_extent(limits["max_num_batched_tokens"],
+                                limits["long_prefill_token_threshold"], limits["max_model_len"])
+    if not config.enable_chunked_prefill and limits["max_model_len"] > extent:
+        raise ConfigError(f"--no-enable-chunked-prefill needs max_model_len "
+                          f"({limits['max_model_len']}) within one prefill dispatch ({extent}); "
+                          "lower --max-model-len")
+    layout = c.DECODE_LAYOUTS[k]
+    return k, SchedulerConfig(
+        ranks=c.RANKS, prefill_slots=c.SLOTS_PER_RANK, decode_batch=layout.batch,
+        micro_batches=c.DECODE_MICRO_BATCHES, k=k, effective_extent=extent,
+        max_num_batched_tokens=limits["max_num_batched_tokens"],
+        max_num_seqs=limits["max_num_seqs"], max_model_len=limits["max_model_len"],
+        chunked_prefill=config.enable_chunked_prefill)
