@@ -73,6 +73,7 @@ def test_serve_takes_vllms_flag_names():
         assert flag in result.stdout
 
 
+@pytest.mark.slow
 def test_generate_prints_json_per_prompt_and_a_summary():
     import json
 
@@ -91,6 +92,7 @@ def test_generate_prints_json_per_prompt_and_a_summary():
     assert summary["mtp"]["draft_tokens"] > 0
 
 
+@pytest.mark.slow
 def test_generate_rejects_a_k_without_a_layout():
     result = _v4serve("generate", "--spec", "reference", "--model",
                       str(REPO / "tests" / "fixtures" / "v4-tiny"), "--prompt-ids", "5,6",
@@ -188,6 +190,7 @@ def _edited_tiny(tmp_path):
     return spec
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [("serve", "--port", "0"), ("generate", "--prompt", "x"),
                                      ("compile",)])
 def test_a_spec_newer_than_its_generated_code_is_refused_before_loading(tmp_path, command):
@@ -217,6 +220,7 @@ def test_the_repositorys_spec_edited_names_make_codegen(tmp_path, monkeypatch):
     assert spec_check.load_current("reference").SPEC_NAME == "reference"  # absent: as is
 
 
+@pytest.mark.slow
 def test_a_missing_spec_file_is_refused(tmp_path):
     result = _v4serve("generate", "--spec", str(tmp_path / "none.yaml"), "--prompt", "x")
     assert result.returncode != 0
