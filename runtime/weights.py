@@ -269,7 +269,9 @@ def dequantize_fp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 def bytes_per_rank(params: ModelParams) -> int:
     """What one rank holds: every dense tensor (replicated) and its share of the routed
     experts."""
-    dense = sum(t.numel() * t.element_size() for t in params.dense.values())
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in params.dense.values()}      # a fused tensor and its views: once
+    dense = sum(storages.values())
     stacks = params.experts.values()
     routed = sum(t.numel() * t.element_size() for e in stacks for t in (e.w1, e.w2, e.w3))
     held = sum(e.count for e in stacks)
