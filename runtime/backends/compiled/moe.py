@@ -11,9 +11,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+_LIB = torch.library.Library("v4serve", "FRAGMENT")     # see paged.py: no custom_op layers
+_LIB.define("grouped_mm(Tensor a, Tensor b, Tensor offs) -> Tensor")
 
-@torch.library.custom_op("v4serve::grouped_mm", mutates_args=())
-def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+
+def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """a [M, K] in expert runs ending at offs [E] (int32), b [E, K, N] -> [M, N]."""
     if a.device.type == "cpu" or a.dtype == torch.bfloat16:
         return torch._grouped_mm(a, b, offs=offs)
@@ -22,9 +24,15 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Te
     return torch.bmm(a[:, None, :], b[expert.clamp(max=b.shape[0] - 1)])[:, 0]
 
 
-@grouped_mm.register_fake
+_LIB.impl("grouped_mm", _grouped_mm, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("v4serve::grouped_mm")
 def _(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     return a.new_empty(a.shape[0], b.shape[-1])
+
+
+grouped_mm = torch.ops.v4serve.grouped_mm
 
 
 def routed(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x: torch.Tensor,

@@ -74,34 +74,29 @@ class Paged:
 # Pool rows are read and written through opaque ops. Expressed with aten ops on a view
 # of the pool, or as a read and an independent write, a later use of the earlier read
 # makes the compiler copy the whole pool to keep the read's value; a read that must see
-# the pool before a write is one op with that write (read_then_write_rows).
+# the pool before a write is one op with that write (read_then_write_rows). The ops are
+# defined on the dispatcher directly (not torch.library.custom_op): a graph calls them
+# once per pool access, and custom_op's Python wrapper layers cost more than the copy.
+
+_LIB = torch.library.Library("v4serve", "FRAGMENT")
+_LIB.define("read_rows(Tensor pool, Tensor where) -> Tensor")
+_LIB.define("write_rows(Tensor(a!) pool, Tensor where, Tensor values) -> ()")
+_LIB.define("read_then_write_rows(Tensor(a!) pool, Tensor where, Tensor new_where, "
+            "Tensor values) -> Tensor")
 
 
-@torch.library.custom_op("v4serve::read_rows", mutates_args=())
-def read_rows(pool: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+def _read_rows(pool: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
     """pool viewed as rows [*, width]: rows `where` [M] -> [M, width]."""
     return pool.view(-1, pool.shape[-1]).index_select(0, where)
 
 
-@read_rows.register_fake
-def _(pool: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-    return pool.new_empty(where.shape[0], pool.shape[-1])
-
-
-@torch.library.custom_op("v4serve::write_rows", mutates_args=("pool",))
-def write_rows(pool: torch.Tensor, where: torch.Tensor, values: torch.Tensor) -> None:
+def _write_rows(pool: torch.Tensor, where: torch.Tensor, values: torch.Tensor) -> None:
     """pool viewed as rows [*, width]: rows `where` [M] := values [M, width], in place."""
     pool.view(-1, pool.shape[-1]).index_copy_(0, where, values)
 
 
-@write_rows.register_fake
-def _(pool: torch.Tensor, where: torch.Tensor, values: torch.Tensor) -> None:
-    return None
-
-
-@torch.library.custom_op("v4serve::read_then_write_rows", mutates_args=("pool",))
-def read_then_write_rows(pool: torch.Tensor, where: torch.Tensor, new_where: torch.Tensor,
-                         values: torch.Tensor) -> torch.Tensor:
+def _read_then_write_rows(pool: torch.Tensor, where: torch.Tensor, new_where: torch.Tensor,
+                          values: torch.Tensor) -> torch.Tensor:
     """Rows `where` of pool as they were, then rows `new_where` := values."""
     rows = pool.view(-1, pool.shape[-1])
     old = rows.index_select(0, where)
@@ -109,7 +104,27 @@ def read_then_write_rows(pool: torch.Tensor, where: torch.Tensor, new_where: tor
     return old
 
 
-@read_then_write_rows.register_fake
+for _name, _fn in (("read_rows", _read_rows), ("write_rows", _write_rows),
+                   ("read_then_write_rows", _read_then_write_rows)):
+    _LIB.impl(_name, _fn, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("v4serve::read_rows")
+def _(pool: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    return pool.new_empty(where.shape[0], pool.shape[-1])
+
+
+@torch.library.register_fake("v4serve::write_rows")
+def _(pool: torch.Tensor, where: torch.Tensor, values: torch.Tensor) -> None:
+    return None
+
+
+@torch.library.register_fake("v4serve::read_then_write_rows")
 def _(pool: torch.Tensor, where: torch.Tensor, new_where: torch.Tensor,
       values: torch.Tensor) -> torch.Tensor:
     return pool.new_empty(where.shape[0], pool.shape[-1])
+
+
+read_rows = torch.ops.v4serve.read_rows
+write_rows = torch.ops.v4serve.write_rows
+read_then_write_rows = torch.ops.v4serve.read_then_write_rows
