@@ -187,24 +187,33 @@ class CoreClient:
             self.on_ready(message.summary)
 
     def _step(self, message: Step) -> None:
+        """Every output of the step handed to the event loop in one wake-up."""
         self._snapshot = message.snapshot
-        for refused in message.refused:
-            self._refuse(refused)
-        for delta in message.deltas:
-            stream = self._streams.get(delta.request_id)
-            if stream is not None:
-                self._deliver(delta.request_id, stream, delta)
+        batch = [(s, self._refusal(r)) for r in message.refused
+                 if (s := self._streams.pop(r.request_id, None)) is not None]
+        batch += [(s, self._output(d.request_id, s, d)) for d in message.deltas
+                  if (s := self._streams.get(d.request_id)) is not None]
+        loops: dict[asyncio.AbstractEventLoop, list] = {}
+        for stream, item in batch:
+            loops.setdefault(stream.loop, []).append((stream.queue, item))
+        for loop, items in loops.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:                        # its event loop is gone
+                for stream, item in batch:
+                    if stream.loop is loop and isinstance(item, RequestOutput) \
+                            and not item.finished:
+                        self.abort(item.request_id)
 
-    def _refuse(self, refused: Refused) -> None:
-        stream = self._streams.pop(refused.request_id, None)
-        if stream is None:
-            return
-        error = (InvalidParam(refused.param, refused.message) if refused.param
-                 else ValueError(refused.message)) if refused.client_error \
-            else RequestFailedError(f"request {refused.request_id} failed: {refused.message}")
-        _put(stream, error)
+    @staticmethod
+    def _refusal(refused: Refused) -> Exception:
+        if not refused.client_error:
+            return RequestFailedError(f"request {refused.request_id} failed: "
+                                      f"{refused.message}")
+        return InvalidParam(refused.param, refused.message) if refused.param \
+            else ValueError(refused.message)
 
-    def _deliver(self, request_id: str, stream: _Stream, delta: Delta) -> None:
+    def _output(self, request_id: str, stream: _Stream, delta: Delta) -> RequestOutput:
         """One step's tokens as a RequestOutput: text released, stop strings applied (a
         stop ends the request here and aborts it in the core)."""
         stream.output_ids += delta.new_ids
@@ -226,13 +235,11 @@ class CoreClient:
                 self._send(Abort([request_id]))
         logprobs = [TokenLogprobs(t, lp, [tuple(x) for x in top])
                     for t, lp, top in delta.logprobs]
-        output = RequestOutput(request_id, stream.prompt_ids, list(stream.output_ids), text,
-                               list(delta.new_ids), new_text, finished, reason, stop_reason,
-                               logprobs, error)
         if finished:
             self._streams.pop(request_id, None)
-        if not _put(stream, output) and not finished:
-            self.abort(request_id)
+        return RequestOutput(request_id, stream.prompt_ids, list(stream.output_ids), text,
+                             list(delta.new_ids), new_text, finished, reason, stop_reason,
+                             logprobs, error)
 
     def _die(self, error: str) -> None:
         """The core is gone: every request in flight and every later one fails."""
@@ -251,3 +258,9 @@ def _put(stream: _Stream, item: object) -> bool:
         return True
     except RuntimeError:
         return False
+
+
+def _put_all(items: list[tuple[asyncio.Queue, object]]) -> None:
+    """On the event loop: every (queue, item) of one step."""
+    for queue, item in items:
+        queue.put_nowait(item)
