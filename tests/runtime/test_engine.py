@@ -182,7 +182,7 @@ def test_preempted_requests_come_back_with_a_new_slot_generation(params):
     prompts = [random_prompt(120, i) for i in range(64)]
     tight = capacity.bytes_for(REF.pools.GROUPS, 8, 128 * 8)
     engine = make_engine(params, num_speculative_tokens=1, kv_cache_memory=tight,
-                         max_model_len=1024)
+                         max_model_len=1024, backend="compiled-eager")
     handed: dict[tuple[int, int], list[int]] = {}
     acquire = engine.scheduler.slots.acquire
 
