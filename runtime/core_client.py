@@ -70,6 +70,7 @@ class CoreClient:
         self.tokenizer = Tokenizer(model) if (model / "tokenizer.json").exists() else None
         self.process: subprocess.Popen | None = None
         self.on_ready: Callable[[dict], None] | None = None
+        self.on_dead: Callable[[str], None] | None = None      # also before it was ready
         self.error: str | None = None
         self._summary: dict | None = None
         self._snapshot: dict | None = None
@@ -80,6 +81,7 @@ class CoreClient:
         self._folder = tempfile.TemporaryDirectory(prefix="v4serve-core-")
         self._context = zmq.Context()
         self._to_core = self._context.socket(zmq.PUSH)
+        self._to_core.setsockopt(zmq.SNDHWM, 0)       # queue without limit, never block
         self._from_core = self._context.socket(zmq.PULL)
         self._receiver = threading.Thread(target=self._receive, name="v4serve-core-client",
                                           daemon=True)
@@ -105,7 +107,10 @@ class CoreClient:
         """Stop the core (it finishes the step it is in), then the receiver."""
         self._stopping = True
         if self.process is not None and self.process.poll() is None:
-            self._send(Shutdown())
+            try:
+                self._send(Shutdown())
+            except EngineDeadError:
+                self.process.terminate()
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -149,17 +154,33 @@ class CoreClient:
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = _Stream(asyncio.get_running_loop(), queue, list(prompt),
                                             detok)
-        self._send(Add(request_id, list(prompt), params))
+        try:
+            self._send(Add(request_id, list(prompt), params))
+        except EngineDeadError:
+            self._streams.pop(request_id, None)
+            raise
         async for item in consume(queue, request_id, self.abort):
             yield item
 
     def abort(self, request_id: str) -> None:
-        if self._streams.pop(request_id, None) is not None and self.error is None:
-            self._send(Abort([request_id]))
+        if self._streams.pop(request_id, None) is not None:
+            self._abort_in_core(request_id)
+
+    def _abort_in_core(self, request_id: str) -> None:
+        if self.error is None:
+            try:
+                self._send(Abort([request_id]))
+            except EngineDeadError:
+                pass                     # the core is gone: nothing left to free
 
     def _send(self, message) -> None:
+        """Queue a message for the core without ever blocking (no high-water mark; only a
+        core that is not connected refuses it: EngineDeadError)."""
         with self._send_lock:            # the event loop and the receiver both send
-            self._to_core.send(self._encoder.encode(message), copy=False)
+            try:
+                self._to_core.send(self._encoder.encode(message), zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                raise EngineDeadError("the engine core is not reachable") from None
 
     # -- the receiver thread ---------------------------------------------------------
 
@@ -224,7 +245,7 @@ class CoreClient:
                 new_text, stop = stream.detok.add(delta.new_ids)
                 if stop is not None and not finished:
                     finished, reason, stop_reason = True, "stop", stop
-                    self._send(Abort([request_id]))
+                    self._abort_in_core(request_id)
                 elif finished:
                     new_text += stream.detok.flush()
                 text = stream.detok.text
@@ -232,7 +253,7 @@ class CoreClient:
         except Exception as exc:  # noqa: BLE001 - this request's failure alone
             finished, reason, error = True, "error", f"{type(exc).__name__}: {exc}"
             if not delta.finished:
-                self._send(Abort([request_id]))
+                self._abort_in_core(request_id)
         logprobs = [TokenLogprobs(t, lp, [tuple(x) for x in top])
                     for t, lp, top in delta.logprobs]
         if finished:
@@ -245,6 +266,8 @@ class CoreClient:
         """The core is gone: every request in flight and every later one fails."""
         self.error = error
         log.error("the engine core failed: %s", error)
+        if self.on_dead is not None:
+            self.on_dead(error)
         failure = RuntimeError(error)
         for stream in list(self._streams.values()):
             _put(stream, failure)

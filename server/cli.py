@@ -103,7 +103,20 @@ def make_server(args: argparse.Namespace):
                         max_n=args.max_n, compile_process=compiling)
     config = uvicorn.Config(build_app(state), host=args.host, port=args.port,
                             log_level="info", timeout_graceful_shutdown=args.drain_timeout)
-    return DrainingServer(config, state, args.drain_timeout), state
+    server = DrainingServer(config, state, args.drain_timeout)
+    if args.engine_process:
+        engine.on_dead = lambda error: _failed_start(server, engine, error)
+    return server, state
+
+
+def _failed_start(server, client, error: str) -> None:
+    """A core that dies before it was ever ready (a bad checkpoint, a device error) ends
+    the server with exit code 1, as a failed in-process load would; one that dies later
+    leaves the server answering 503."""
+    if not client.ready:
+        log.error("v4serve: the engine core failed to start: %s", error)
+        server.exit_code = 1
+        server.should_exit = True
 
 
 def _core(args: argparse.Namespace):
@@ -190,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         state.engine.shutdown()
         if state.compile_process is not None and state.compile_process.poll() is None:
             state.compile_process.terminate()
-    return 0
+    return server.exit_code
 
 
 def main(argv: list[str] | None = None) -> int:

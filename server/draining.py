@@ -19,6 +19,7 @@ class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, state: ServerState, drain_timeout: float):
         super().__init__(config)
         self.state, self.drain_timeout = state, drain_timeout
+        self.exit_code = 0
 
     def handle_exit(self, sig: int, frame) -> None:
         if self.state.draining:          # a second signal: stop now

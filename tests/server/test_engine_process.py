@@ -118,3 +118,20 @@ def test_a_client_that_stops_reading_does_not_slow_the_others():
         stalled.close()
         # the stalled stream costs one batch row per step, not a stalled event loop
         assert beside < 2 * alone + 1.0, (alone, beside)
+
+
+def test_a_core_that_fails_to_load_ends_the_server_with_its_reason(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    shutil.copy(REPO / "tests/fixtures/v4-tiny/config.json", tmp_path / "config.json")
+    result = subprocess.run(
+        [sys.executable, "-m", "server", "--spec", "reference", "--model", str(tmp_path),
+         "--port", "0"], cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 1
+    assert "the engine core failed to start: CheckpointError" in result.stderr
+    assert "no *.safetensors files" in result.stderr
