@@ -50,6 +50,19 @@ def reference_params() -> ModelParams:
     return load_params(FIXTURE, REF)
 
 
+FIXTURE_TOL = 1e-4    # |log-prob| difference allowed against the official outputs
+
+
+def assert_top5_rows(logits: torch.Tensor, ids: list[list[int]],
+                     logprobs: list[list[float]]) -> None:
+    """Our log-probs at the official top-5 ids match its log-probs, row by row, and our
+    argmax is its top-1."""
+    ours = torch.log_softmax(logits.float(), -1)
+    got = ours.gather(1, torch.tensor(ids)).numpy()
+    assert np.abs(got - np.array(logprobs)).max() <= FIXTURE_TOL
+    assert (ours.argmax(-1).numpy() == np.array(ids)[:, 0]).all()
+
+
 def golden() -> list[dict]:
     return json.loads((FIXTURE / "golden.json").read_text())["cases"]
 

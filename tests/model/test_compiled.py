@@ -12,11 +12,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from runtime.backends.compiled import forward
 from runtime.backends.compiled.graphs import Graphs
 from runtime.backends.compiled.model import Call, CompiledModel
-from tests.model.support import REF, Driver, golden, reference_params
+from tests.model.support import REF, Driver, assert_top5_rows, golden, reference_params
 
 pytestmark = pytest.mark.slow
 
-TOL = 1e-4
 CASES = golden()
 C = REF.contract
 
@@ -59,12 +58,6 @@ def prefill_streams(model: CompiledModel, driver: Driver, seq: list[int],
     return torch.cat(out)
 
 
-def _assert_rows(logits: torch.Tensor, ids: list[list[int]], logprobs: list[list[float]]):
-    ours = torch.log_softmax(logits.float(), -1)
-    got = ours.gather(1, torch.tensor(ids)).numpy()
-    assert np.abs(got - np.array(logprobs)).max() <= TOL
-    assert (ours.argmax(-1).numpy() == np.array(ids)[:, 0]).all()
-
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"prompt{len(c['prompt_ids'])}")
 @pytest.mark.parametrize("chunk", [128, 256, 8192])
@@ -73,7 +66,7 @@ def test_main_logprobs_at_every_position_under_every_chunking(model, case, chunk
     h = prefill_streams(model, Driver(model.params, rank=3, row=1), seq, chunk)
     rows = len(case["main_top5_ids"])
     with torch.inference_mode():
-        _assert_rows(model.logits(h[:rows]), case["main_top5_ids"], case["main_top5_logprobs"])
+        assert_top5_rows(model.logits(h[:rows]), case["main_top5_ids"], case["main_top5_logprobs"])
 
 
 def test_mtp_block_matches_at_every_position(model):
@@ -90,7 +83,7 @@ def test_mtp_block_matches_at_every_position(model):
                 streams[0, : len(piece)] = h[t0: t0 + len(piece)]
                 out = model.mtp(streams, call, _pools(driver), C.context_bucket(t0 + C.TILE))
                 drafts.append(model.logits(out[0, : len(piece)], mtp=True))
-        _assert_rows(torch.cat(drafts), case["mtp_top5_ids"], case["mtp_top5_logprobs"])
+        assert_top5_rows(torch.cat(drafts), case["mtp_top5_ids"], case["mtp_top5_logprobs"])
 
 
 # -- no graph break, no host sync, a fixed op count ----------------------------------

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.model.support import REF, Driver, golden, reference_params
+from tests.model.support import REF, Driver, assert_top5_rows, golden, reference_params
 
-TOL = 1e-4
 CASES = golden()
 C = REF.contract
 # the readable reference, and the compiled backend's loop-free graphs run eagerly
@@ -21,13 +20,6 @@ def params():
     return reference_params()
 
 
-def _assert_rows(logits: torch.Tensor, ids: list[list[int]], logprobs: list[list[float]]):
-    """Our log-probs at the reference's top-5 ids match its log-probs, row by row."""
-    ours = torch.log_softmax(logits.float(), -1)
-    got = ours.gather(1, torch.tensor(ids)).numpy()
-    assert np.abs(got - np.array(logprobs)).max() <= TOL
-    assert (ours.argmax(-1).numpy() == np.array(ids)[:, 0]).all()
-
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"prompt{len(c['prompt_ids'])}")
 @pytest.mark.parametrize("chunk", [128, 256, 8192])
@@ -35,7 +27,7 @@ def test_main_logprobs_at_every_position_under_every_chunking(params, case, chun
     seq = case["prompt_ids"] + case["greedy_ids"]
     out, _ = Driver(params).prefill(seq, chunk)
     rows = len(case["main_top5_ids"])
-    _assert_rows(out[:rows], case["main_top5_ids"], case["main_top5_logprobs"])
+    assert_top5_rows(out[:rows], case["main_top5_ids"], case["main_top5_logprobs"])
 
 
 def test_prompt_then_single_token_steps_match(params):
@@ -45,7 +37,7 @@ def test_prompt_then_single_token_steps_match(params):
     out, _ = driver.prefill(prompt, 8192)
     steps = [driver.prefill([tok], 1, start=len(prompt) + i)[0] for i, tok in enumerate(greedy)]
     rows = torch.cat([out, *steps])[: len(case["main_top5_ids"])]
-    _assert_rows(rows, case["main_top5_ids"], case["main_top5_logprobs"])
+    assert_top5_rows(rows, case["main_top5_ids"], case["main_top5_logprobs"])
 
 
 def _weights_kwargs(driver: Driver, rows: int) -> dict:
@@ -99,7 +91,7 @@ def test_mtp_block_matches_at_every_position(params):
             hm = mtp_block(params, layer, h[:-1], torch.tensor(seq[1:]),
                            [Segment(0, 0, 0, len(seq) - 1, 0)], driver.view(), C.TILE)
             out = logits(params, hm, params.args.prefix(layer))
-        _assert_rows(out, case["mtp_top5_ids"], case["mtp_top5_logprobs"])
+        assert_top5_rows(out, case["mtp_top5_ids"], case["mtp_top5_logprobs"])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -147,12 +139,12 @@ def test_mtp_prefill_and_fused_decode_draft_like_the_reference(params, backend):
         step = fused.launch(slot_ids=slot_ids, slot_gens=gens, mtp=mtp, context=tail_pos + 2,
                             **_weights_kwargs(driver, layout.batch))
         draft = int(step.draft_ids[2, 3, 0])
-        _assert_rows(step.logits[2, 3, :1], [case["main_top5_ids"][tail_pos - 1 + 1]],
+        assert_top5_rows(step.logits[2, 3, :1], [case["main_top5_ids"][tail_pos - 1 + 1]],
                      [case["main_top5_logprobs"][tail_pos]])
         assert draft == case["mtp_top5_ids"][tail_pos - 1][0]
         accepted = int(draft == seq[tail_pos + 1])
         if accepted:
-            _assert_rows(step.logits[2, 3, 1:], [case["main_top5_ids"][tail_pos + 1]],
+            assert_top5_rows(step.logits[2, 3, 1:], [case["main_top5_ids"][tail_pos + 1]],
                          [case["main_top5_logprobs"][tail_pos + 1]])
         new_tail = tail_pos + 1 + accepted
         _set_slot(mtp.slots[2, slot], seq[new_tail], new_tail, generation)
