@@ -115,7 +115,7 @@ def as_model(tensors: dict[str, torch.Tensor]) -> ModelParams:
         prefix = ARGS.prefix(layer) + "ffn.experts."
         stack = {w: torch.stack([tensors[f"{prefix}{e}.{w}.weight"]
                                  for e in range(ARGS.n_experts)]) for w in ("w1", "w2", "w3")}
-        experts[layer] = Experts(**stack)
+        experts[layer] = Experts.of(**stack)
     return ModelParams(ARGS, SPEC.architecture.FINGERPRINT, dense, experts,
                        Rope.build(ARGS, torch.device("cpu")), torch.float32,
                        torch.device("cpu"), ranks=1)

@@ -175,14 +175,16 @@ def _experts(reader: _Reader, args: ModelArgs, layer: int, dtype: torch.dtype,
              device: torch.device) -> Experts:
     """Every routed expert of a layer, stacked in expert order (rank by rank)."""
     prefix = args.prefix(layer) + "ffn.experts."
-    stack = {}
-    for w in ("w1", "w2", "w3"):
-        first = reader.load(f"{prefix}0.{w}.weight", None)
-        out = torch.empty((args.n_experts, *first.shape), dtype=dtype, device=device)
-        for e in range(args.n_experts):   # one expert at a time: no whole-layer host copy
-            out[e] = first if e == 0 else reader.load(f"{prefix}{e}.{w}.weight", None)
-        stack[w] = out
-    return Experts(**stack)
+    w1 = reader.load(f"{prefix}0.w1.weight", None)
+    w2 = reader.load(f"{prefix}0.w2.weight", None)
+    inter = w1.shape[0]
+    w13 = torch.empty((args.n_experts, 2 * inter, w1.shape[1]), dtype=dtype, device=device)
+    w2s = torch.empty((args.n_experts, *w2.shape), dtype=dtype, device=device)
+    for e in range(args.n_experts):   # one expert at a time: no whole-layer host copy
+        w13[e, :inter] = w1 if e == 0 else reader.load(f"{prefix}{e}.w1.weight", None)
+        w13[e, inter:] = reader.load(f"{prefix}{e}.w3.weight", None)
+        w2s[e] = w2 if e == 0 else reader.load(f"{prefix}{e}.w2.weight", None)
+    return Experts(w13, w2s)
 
 
 def _check_names(reader: _Reader, shapes: dict[str, tuple[int, ...]], directory: Path) -> None:

@@ -18,23 +18,37 @@ from runtime.model.rope import Rope
 
 @dataclass(frozen=True)
 class Experts:
-    """Routed experts of a layer, stacked: w1, w3 [n, inter, dim]; w2 [n, dim, inter].
-    Index i holds global expert `first + i`."""
+    """Routed experts of a layer, stacked: w13 [n, 2 * inter, dim] holds w1's rows then
+    w3's (one matmul computes both), w2 [n, dim, inter]. Index i holds global expert
+    `first + i`."""
 
-    w1: torch.Tensor
+    w13: torch.Tensor
     w2: torch.Tensor
-    w3: torch.Tensor
     first: int = 0
+
+    @classmethod
+    def of(cls, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor) -> Experts:
+        """From separately stacked w1, w3 [n, inter, dim] and w2."""
+        return cls(torch.cat((w1, w3), dim=1), w2)
 
     @property
     def count(self) -> int:
-        return self.w1.shape[0]
+        return self.w13.shape[0]
+
+    @property
+    def w1(self) -> torch.Tensor:
+        """[n, inter, dim], a view of w13."""
+        return self.w13[:, : self.w2.shape[-1]]
+
+    @property
+    def w3(self) -> torch.Tensor:
+        """[n, inter, dim], a view of w13."""
+        return self.w13[:, self.w2.shape[-1]:]
 
     def slice(self, start: int, count: int) -> Experts:
         """Experts [start, start + count) of this stack (views)."""
         end = start + count
-        return Experts(self.w1[start:end], self.w2[start:end], self.w3[start:end],
-                       self.first + start)
+        return Experts(self.w13[start:end], self.w2[start:end], self.first + start)
 
 
 class LayerParams:

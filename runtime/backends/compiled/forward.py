@@ -53,7 +53,7 @@ class Layer:
     kind: str                                 # sliding | csa | hca | mtp
     hashed: bool
     weights: Weights                          # its dense tensors, by name without prefix
-    experts: tuple[torch.Tensor, torch.Tensor, torch.Tensor]    # stacked w1, w2, w3
+    experts: tuple[torch.Tensor, torch.Tensor]    # stacked w13 (w1 then w3), w2
     inv_freq: torch.Tensor
     where: dict[str, torch.Tensor]            # group -> its index among the group's layers
     splits: dict[str, tuple[int, ...]]        # fused weight -> the output sizes it stacks
@@ -80,7 +80,7 @@ def layers(params: ModelParams, groups: dict[str, PoolGroup]) -> list[Layer]:
         where = {g: torch.tensor(groups[g].layer_index(layer), device=params.device)
                  for g in GROUPS_OF[kind]}
         out.append(Layer(layer, kind, args.is_hash(layer), weights,
-                         (experts.w1, experts.w2, experts.w3),
+                         (experts.w13, experts.w2),
                          params.rope.table(kind in ("csa", "hca")), where, splits))
     return out
 
