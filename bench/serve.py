@@ -71,7 +71,7 @@ class Stream:
             for event in events:
                 if not event.startswith(b"data: {"):
                     continue
-                if b'"choices":[]' in event.replace(b" ", b""):
+                if b'"choices": []' in event or b'"choices":[]' in event:
                     usage = json.loads(event[6:])["usage"]
                 else:
                     stamps.append(now)
