@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from runtime.sampling_params import SamplingParams
 from runtime.scheduler import SchedulerOutput
 from runtime.tokenizer import Tokenizer
 from runtime.weights import bytes_per_rank, load_params
+from runtime.workers import Workers
 
 log = logging.getLogger("v4serve.engine")
 
@@ -48,6 +50,15 @@ class EngineConfig:
     enforce_eager: bool = False                   # never compile (vLLM's --enforce-eager)
     defer_compile: bool = False                   # uncompiled graphs run eagerly meanwhile
     detokenize: bool = True     # text and stop strings here (off: the API server does them)
+    # ranks as processes (vLLM's --distributed-executor-backend): "uni" runs every rank in
+    # this process; "mp" one worker process per rank in a torch.distributed group
+    distributed_executor_backend: str = "uni"
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0                          # 0: a free port (one node only)
+    distributed_timeout: float = 300.0            # seconds a collective may wait
+    worker_threads: int | None = None             # torch threads per rank worker on cpu
 
 
 @dataclass
@@ -86,11 +97,14 @@ class Engine:
         self.scheduler = self.admission.scheduler()
         device = torch.device(config.device or spec.contract.DEVICE)
         self.backend = _backend(config, spec)
-        self.runner = ModelRunner(spec, params, self.capacity.blocks, self.k, self.backend,
-                                  device)
-        if config.defer_compile and hasattr(self.runner.decode.backend, "defer"):
-            self.runner.decode.backend.defer = True
-        self.runner.max_logprobs = config.max_logprobs
+        if config.distributed_executor_backend == "mp":
+            self.runner = Workers(config, spec.contract)
+        else:
+            self.runner = ModelRunner(spec, params, self.capacity.blocks, self.k,
+                                      self.backend, device)
+            if config.defer_compile and hasattr(self.runner.decode.backend, "defer"):
+                self.runner.decode.backend.defer = True
+            self.runner.max_logprobs = config.max_logprobs
         self.stats = Stats()
         self.requests: dict[str, Request] = {}
         self._detok: dict[str, Detokenizer] = {}
@@ -101,15 +115,21 @@ class Engine:
         """Compile (or load from the cache) every graph of a compiling backend before
         the first request; returns seconds per graph (empty for an eager backend). With
         defer_compile, graphs not compiled yet stay eager (see pending_graphs)."""
-        if not hasattr(self.runner.decode.backend, "graphs"):    # nothing to compile
-            return {}
+        if self.multiprocess or not hasattr(self.runner.decode.backend, "graphs"):
+            return {}               # nothing to compile here (rank workers warm up alone)
         self.runner.warmup()
         graphs = self.graphs
         return dict(graphs.seconds) if graphs is not None else {}
 
     @property
+    def multiprocess(self) -> bool:
+        return isinstance(self.runner, Workers)
+
+    @property
     def graphs(self):
-        """The compiled backend's graphs (None for a backend that compiles nothing)."""
+        """The compiled backend's graphs (None for a backend that compiles nothing here)."""
+        if self.multiprocess:
+            return None
         graphs = getattr(self.runner.decode.backend, "graphs", None)
         return graphs if graphs is not None and graphs.compiling else None
 
@@ -120,11 +140,16 @@ class Engine:
     def summary(self) -> dict:
         """What was loaded and how much fits: the startup log and /server_info show it."""
         c, cap, limits = self.spec.contract, self.capacity, self.limits
+        ranks = self.runner.ranks if self.multiprocess else None
         return {
             "spec": self.spec.SPEC_NAME, "spec_path": self.spec.SPEC_PATH,
             "checkpoint": str(self.config.model), "backend": self.backend,
+            "executor": self.config.distributed_executor_backend,
             "device": str(self.runner.device), "ranks": c.RANKS,
-            "param_bytes_per_rank": bytes_per_rank(self.params),
+            # per rank process: rank, pid, host, device, param_bytes, pool_bytes (mp)
+            "processes": ranks if ranks else [{"ranks": c.RANKS, "pid": os.getpid()}],
+            "param_bytes_per_rank": max(r["param_bytes"] for r in ranks) if ranks
+            else bytes_per_rank(self.params),
             "pool_tokens_per_rank": cap.tokens, "pool_bytes_per_rank": cap.bytes,
             "max_model_len": limits.max_model_len,
             # requests of max_model_len tokens the pools hold at once, over all ranks
@@ -157,11 +182,18 @@ class Engine:
             "dispatches": dict(self.dispatches), "graphs": self.graph_info(),
         }
 
+    def close(self) -> None:
+        """Stop the rank workers (mp); nothing to do in one process."""
+        if self.multiprocess:
+            self.runner.close()
+
     @classmethod
     def build(cls, config: EngineConfig) -> Engine:
         spec = generated.load(config.spec)
         device = config.device or spec.contract.DEVICE
-        params = load_params(config.model, spec, device=device)
+        _check_executor(config, spec)
+        params = None if config.distributed_executor_backend == "mp" \
+            else load_params(config.model, spec, device=device)   # mp: each rank its own
         tokenizer_path = Path(config.model) / "tokenizer.json"
         tokenizer = Tokenizer(config.model) if tokenizer_path.exists() else None
         return cls(config, spec, params, tokenizer)
@@ -271,7 +303,7 @@ class Engine:
 
     def _forget(self, request: Request) -> None:
         self.stats.requests_finished += 1
-        self.runner.forget(request)
+        self.runner.forget(request.request_id)
         self.requests.pop(request.request_id, None)
         self._detok.pop(request.request_id, None)
 
@@ -298,3 +330,15 @@ def _backend(config: EngineConfig, spec) -> str:
     backend's graphs as they are."""
     backend = config.backend or spec.contract.BACKEND
     return "compiled-eager" if config.enforce_eager and backend == "compiled" else backend
+
+
+def _check_executor(config: EngineConfig, spec) -> None:
+    executor = config.distributed_executor_backend
+    if executor not in ("uni", "mp"):
+        raise ConfigError(f"--distributed-executor-backend {executor!r}: one of uni, mp")
+    if executor == "mp" and _backend(config, spec) not in ("compiled", "compiled-eager"):
+        raise ConfigError("--distributed-executor-backend mp runs the compiled backend "
+                          "(compiled, or eagerly with --enforce-eager); the "
+                          f"{_backend(config, spec)!r} backend runs in one process only")
+    if executor == "uni" and config.nnodes > 1:
+        raise ConfigError("--nnodes > 1 needs --distributed-executor-backend mp")

@@ -74,14 +74,22 @@ class _Sampled:
 
 
 class ModelRunner:
+    """The device side of `ranks` ranks: every rank of the replica in one process, or one
+    rank in a rank worker (runtime/rank_worker.py), whose steps arrive with requests'
+    ranks made local (0) and which takes part in every launch of a step, with rows or
+    without (its MoE collectives pair with the other ranks')."""
+
     def __init__(self, spec: ModuleType, params: ModelParams, blocks: dict[str, int], k: int,
-                 backend: str, device: torch.device):
+                 backend: str, device: torch.device, ranks: int | None = None):
         self.spec, self.params, self.k, self.device = spec, params, k, device
-        self.pools = spec.pools.allocate(blocks, device)
-        self.mtp = spec.pools.allocate_mtp_state(device) if k else None
-        self.prefill = spec.kernels.PrefillMain(device, backend)
-        self.prefill_mtp = spec.kernels.PrefillMtp(device, backend) if k else None
-        self.decode = spec.kernels.DECODE_BY_K[k](device, backend)
+        self.ranks = ranks or spec.contract.RANKS
+        self.every_launch = self.ranks < spec.contract.RANKS     # a rank worker
+        self.pools = spec.pools.allocate(blocks, device, ranks=self.ranks)
+        self.mtp = spec.pools.allocate_mtp_state(device, ranks=self.ranks) if k else None
+        self.prefill = spec.kernels.PrefillMain(device, backend, ranks=self.ranks)
+        self.prefill_mtp = spec.kernels.PrefillMtp(device, backend, ranks=self.ranks) \
+            if k else None
+        self.decode = spec.kernels.DECODE_BY_K[k](device, backend, ranks=self.ranks)
         self.builder = RowParamsBuilder(device)
         self.states = spec.pools.REQUEST_SLOTS_PER_RANK + 1       # per rank, scratch last
         self.penalties: PenaltyState | None = None
@@ -93,19 +101,22 @@ class ModelRunner:
 
     # -- the step --------------------------------------------------------------------
 
-    def execute(self, out: SchedulerOutput) -> dict[Request, StepResult]:
+    def execute(self, out: SchedulerOutput,
+                extent: int | None = None) -> dict[Request, StepResult]:
+        """One step. `extent`: the main prefill's over every rank (a rank worker's own
+        chunks may be fewer, or none)."""
         self._clear(out)
         results: dict[Request, StepResult] = {}
         sampled: list[_Sampled] = []
         for launch in out.decode:
             sampled += self._decode(launch, results)
-        if out.prefill:
-            sampled += self._prefill(out.prefill, results)
+        if out.prefill or extent:
+            sampled += self._prefill(out.prefill, results, extent)
         results.update(self._copy(sampled))
         return results
 
-    def forget(self, request: Request) -> None:
-        self._seeds.pop(request.request_id, None)
+    def forget(self, request_id: str) -> None:
+        self._seeds.pop(request_id, None)
 
     def _clear(self, out: SchedulerOutput) -> None:
         """Targeted writes: a page or slot handed to a new owner starts zeroed."""
@@ -121,7 +132,7 @@ class ModelRunner:
 
     def _penalty_state(self) -> PenaltyState:
         if self.penalties is None:      # allocated at the first penalized request
-            ranks = self.spec.contract.RANKS
+            ranks = self.ranks
             self.penalties = PenaltyState(ranks * self.states, self.params.args.vocab_size,
                                           self.device)
         return self.penalties
@@ -144,7 +155,7 @@ class ModelRunner:
 
     def _tables(self, rows: list[tuple[int, int, Request]], width: int) -> dict[str, np.ndarray]:
         """Block tables [ranks, width, table_width] per group; -1 past each request's blocks."""
-        ranks = self.spec.contract.RANKS
+        ranks = self.ranks
         tables = {}
         for group, info in self.spec.pools.GROUPS.items():
             table = np.full((ranks, width, info.table_width), -1, np.int32)
@@ -162,7 +173,7 @@ class ModelRunner:
         write only scratch pages, so no request's state is touched. A compiling
         backend compiles (or loads from its cache) every graph here."""
         c = self.spec.contract
-        shape = (c.RANKS, c.SLOTS_PER_RANK)
+        shape = (self.ranks, c.SLOTS_PER_RANK)
         for live in (1, 2):
             lens = np.zeros(shape, np.int32)
             lens[0, :live] = c.TILE
@@ -182,7 +193,7 @@ class ModelRunner:
     def _warm_decode(self, live: int) -> None:
         c = self.spec.contract
         batch = c.DECODE_LAYOUTS[self.k].batch
-        shape = (c.RANKS, batch)
+        shape = (self.ranks, batch)
         common = dict(pools=self.pools, weights=self.params, context=c.TILE,
                       **self._tables([], batch))
         if self.k:      # the scratch slot: generation 0, on scratch pages
@@ -205,12 +216,13 @@ class ModelRunner:
             per_rank[request.rank] += 1
         batch = self.spec.contract.DECODE_LAYOUTS[self.k].batch
         # the last position a row reaches is its tail's + k (the drafts)
-        context = max(request.num_tokens + self.k for request in launch)
+        context = max((request.num_tokens + self.k for request in launch),
+                      default=self.spec.contract.TILE)
         common = dict(pools=self.pools, weights=self.params, context=context,
                       **self._tables(rows, batch))
         if self.k:
             return self._decode_mtp(rows, batch, common, results)
-        shape = (self.spec.contract.RANKS, batch)
+        shape = (self.ranks, batch)
         tokens, positions = np.zeros(shape + (1,), np.int64), np.zeros(shape, np.int32)
         lens = np.zeros(shape, np.int32)
         for rank, row, request in rows:
@@ -218,6 +230,8 @@ class ModelRunner:
             positions[rank, row], lens[rank, row] = request.num_tokens - 1, 1
         out = self._launch(self.decode, self.decode_name, token_ids=tokens, positions=positions,
                            row_lens=lens, **common)
+        if not rows:
+            return []
         logits = out.logits.view(-1, out.logits.shape[-1])[self._flat_rows(rows, batch)]
         return self._sample_rows([r for _, _, r in rows], logits, results)
 
@@ -229,7 +243,7 @@ class ModelRunner:
         return torch.tensor([rank * width + row for rank, row, _ in rows], device=self.device)
 
     def _decode_mtp(self, rows, batch: int, common: dict, results) -> list[_Sampled]:
-        shape = (self.spec.contract.RANKS, batch)
+        shape = (self.ranks, batch)
         slot_ids, gens = np.full(shape, -1, np.int32), np.zeros(shape, np.int64)
         for rank, row, request in rows:
             slot_ids[rank, row], gens[rank, row] = request.slot, request.slot_generation
@@ -272,10 +286,11 @@ class ModelRunner:
 
     # -- prefill ---------------------------------------------------------------------
 
-    def _prefill(self, chunks: list[PrefillChunk], results) -> list[_Sampled]:
+    def _prefill(self, chunks: list[PrefillChunk], results,
+                 extent: int | None = None) -> list[_Sampled]:
         c = self.spec.contract
-        extent = max(c.dispatch_extent(ch.length) for ch in chunks)
-        shape = (c.RANKS, c.SLOTS_PER_RANK)
+        extent = extent or max(c.dispatch_extent(ch.length) for ch in chunks)
+        shape = (self.ranks, c.SLOTS_PER_RANK)
         tokens = np.zeros(shape + (extent,), np.int64)
         starts, lens = np.zeros(shape, np.int32), np.zeros(shape, np.int32)
         for ch in chunks:
@@ -308,7 +323,7 @@ class ModelRunner:
         token at its last row is its first sampled token, still on the device."""
         c = self.spec.contract
         chunks = [ch for ch in chunks if ch.request not in results]       # not failed
-        shape = (c.RANKS, c.SLOTS_PER_RANK)
+        shape = (self.ranks, c.SLOTS_PER_RANK)
         next_ids = np.zeros(shape + (c.MTP_WINDOW,), np.int64)
         starts, nrows = np.zeros(shape, np.int32), np.zeros(shape, np.int32)
         for ch in chunks:

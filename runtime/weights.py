@@ -142,8 +142,9 @@ def _same(got: Any, want: Any) -> bool:
 
 
 def load_params(directory: str | Path, spec: Any, device: str | torch.device = "cpu",
-                dtype: torch.dtype | None = None) -> ModelParams:
-    """Load a checkpoint for a generated spec package (generated.<name>)."""
+                dtype: torch.dtype | None = None, held: range | None = None) -> ModelParams:
+    """Load a checkpoint for a generated spec package (generated.<name>): the dense
+    tensors and the routed experts of the ranks `held` (default: every rank)."""
     directory = Path(directory)
     config = spec.architecture.CONFIG
     check_config(directory, config, spec.SPEC_PATH)
@@ -151,12 +152,15 @@ def load_params(directory: str | Path, spec: Any, device: str | torch.device = "
     dtype = dtype or getattr(torch, spec.contract.DTYPE)
     device = torch.device(device)
     ranks = spec.contract.EP
+    held = held if held is not None else range(ranks)
+    per = args.n_experts // ranks
     with _Reader(directory) as reader:
         shapes = expected_shapes(args)
         _check_names(reader, shapes, directory)
         dense = {name: _convert(reader.load(name, shape), name, dtype, device)
                  for name, shape in shapes.items() if ".experts." not in name}
-        experts = {layer: _experts(reader, args, layer, dtype, device)
+        experts = {layer: _experts(reader, args, layer, dtype, device,
+                                   range(held.start * per, held.stop * per))
                    for layer in range(args.n_layers + args.n_mtp_layers)}
     return ModelParams(args=args, fingerprint=spec.architecture.FINGERPRINT, dense=dense,
                        experts=experts, rope=Rope.build(args, device), dtype=dtype,
@@ -172,19 +176,19 @@ def _convert(t: torch.Tensor, name: str, dtype: torch.dtype, device: torch.devic
 
 
 def _experts(reader: _Reader, args: ModelArgs, layer: int, dtype: torch.dtype,
-             device: torch.device) -> Experts:
-    """Every routed expert of a layer, stacked in expert order (rank by rank)."""
+             device: torch.device, which: range) -> Experts:
+    """The routed experts `which` of a layer, stacked in expert order (rank by rank)."""
     prefix = args.prefix(layer) + "ffn.experts."
-    w1 = reader.load(f"{prefix}0.w1.weight", None)
-    w2 = reader.load(f"{prefix}0.w2.weight", None)
+    w1 = reader.load(f"{prefix}{which.start}.w1.weight", None)
+    w2 = reader.load(f"{prefix}{which.start}.w2.weight", None)
     inter = w1.shape[0]
-    w13 = torch.empty((args.n_experts, 2 * inter, w1.shape[1]), dtype=dtype, device=device)
-    w2s = torch.empty((args.n_experts, *w2.shape), dtype=dtype, device=device)
-    for e in range(args.n_experts):   # one expert at a time: no whole-layer host copy
-        w13[e, :inter] = w1 if e == 0 else reader.load(f"{prefix}{e}.w1.weight", None)
-        w13[e, inter:] = reader.load(f"{prefix}{e}.w3.weight", None)
-        w2s[e] = w2 if e == 0 else reader.load(f"{prefix}{e}.w2.weight", None)
-    return Experts(w13, w2s)
+    w13 = torch.empty((len(which), 2 * inter, w1.shape[1]), dtype=dtype, device=device)
+    w2s = torch.empty((len(which), *w2.shape), dtype=dtype, device=device)
+    for i, e in enumerate(which):     # one expert at a time: no whole-layer host copy
+        w13[i, :inter] = w1 if i == 0 else reader.load(f"{prefix}{e}.w1.weight", None)
+        w13[i, inter:] = reader.load(f"{prefix}{e}.w3.weight", None)
+        w2s[i] = w2 if i == 0 else reader.load(f"{prefix}{e}.w2.weight", None)
+    return Experts(w13, w2s, which.start)
 
 
 def _check_names(reader: _Reader, shapes: dict[str, tuple[int, ...]], directory: Path) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from runtime.abi import KernelABI
-from runtime.backends.compiled import kernels
+from runtime.backends.compiled import expert_parallel, kernels
 from runtime.backends.compiled.graphs import Graphs, default_mode
 from runtime.backends.compiled.model import CompiledModel
 
@@ -47,7 +47,10 @@ class CompiledBackend:
                 return
             rows = kernels.live_rows(kernel, args)
             if not len(rows):
-                return
+                if not expert_parallel.active() or kernel.kind == "prefill_mtp":
+                    return
+                rows = np.zeros(1, np.int64)   # an empty row: its MoE joins the others'
+                # collectives, its writes land on scratch pages
             if self.graphs.mode == "cudagraph" and kernel.kind.startswith("decode"):
                 self._replay(model, kernel, args, rows, run)
                 return

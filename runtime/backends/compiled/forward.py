@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from runtime.abi import PoolGroup
 from runtime.backends.compiled.attention import Weights, attention
+from runtime.backends.compiled.expert_parallel import ep_moe
 from runtime.backends.compiled.moe import routed
 from runtime.backends.compiled.paged import Paged
 from runtime.backends.compiled.rows import Rows
@@ -124,7 +125,8 @@ def block(args: ModelArgs, kind: str, hashed: bool, groups: dict[str, PoolGroup]
     x = rms_norm(y, w["ffn_norm.weight"], args.norm_eps)
     chosen, weights = route(w, args, hashed, x, ids.reshape(-1))
     gate, up = F.linear(x, w["fused.shared"]).split(splits["fused.shared"], dim=-1)
-    out = routed(*experts, x, chosen, weights, args.swiglu_limit) \
+    moe = ep_moe if experts[0].shape[0] < args.n_experts else routed   # holds a share
+    out = moe(x, chosen, weights, *experts, args.swiglu_limit) \
         + F.linear(F.silu(gate) * up, w["ffn.shared_experts.w2.weight"])
     return hc_post(out, h, post, comb).view(n, s, hc, dim)
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from runtime.abi import KernelABI
+from runtime.backends.compiled import expert_parallel
 from runtime.backends.compiled.model import Call, CompiledModel
 
 
@@ -91,12 +92,14 @@ def prefill_main(model: CompiledModel, kernel: KernelABI, args, index=None) -> N
     """Walk the extent one tile at a time, every chunk still going in the same call;
     keep each chunk's last row (its logits) and its last mtp_window rows."""
     walk = Walk(kernel, args)
-    if not walk.chunks:
+    if not walk.chunks and not expert_parallel.active():
         return
     pools = _pools(kernel, args)
     for step in range(walk.steps):
         call, bucket = walk.call(step)
         walk.collect(step, model.main(call, pools, bucket))
+    if not walk.chunks:
+        return
     index = walk.finished
     _flat(args.logits).index_copy_(0, index, model.logits(walk.last[index]))
 
@@ -112,7 +115,10 @@ class Walk:
         self.chunks = len(self.home)
         self.lens = lens.reshape(-1)[self.home].astype(np.int64)
         self.starts = args.host["start_pos"].reshape(-1)[self.home].astype(np.int64)
-        self.steps = -(-int(self.lens.max(initial=0)) // self.tile)
+        # every tile of the extent: with expert parallelism across processes, every rank
+        # walks as many tiles as the longest chunk of any rank needs (its collectives)
+        self.steps = args.extent // self.tile if expert_parallel.active() \
+            else -(-int(self.lens.max(initial=0)) // self.tile)
         self.slots = lens.shape[1]
         self.device = args.token_ids.device
         self.mtp = _flat(args.mtp_hidden) if hasattr(args, "mtp_hidden") else None
@@ -130,6 +136,8 @@ class Walk:
         at = step * self.tile
         self._going = np.nonzero(self.lens > at)[0]
         going = self._going
+        if not len(going):                # none of this rank's: one row that writes nothing
+            return self._idle(), self.kernel.context_buckets[0]
         home = self._index(self.home[going])
         start, length = self.starts[going] + at, np.minimum(self.lens[going] - at, self.tile)
         bucket = self.kernel.context_bucket(int((start + length).max()))
@@ -137,9 +145,18 @@ class Walk:
         return Call(ids, self._index(start), self._index(length), home // self.slots,
                     _tables(self.kernel, self.args, home)), bucket
 
+    def _idle(self) -> Call:
+        """Slot 0 of rank 0 at length 0: it reads, and writes only scratch pages."""
+        home = self._index(np.zeros(1))
+        zero = torch.zeros(1, dtype=torch.long, device=self.device)
+        ids = _flat(self.args.token_ids)[home, :self.tile]
+        return Call(ids, zero, zero, zero, _tables(self.kernel, self.args, home))
+
     def collect(self, step: int, h: torch.Tensor) -> None:
         """Keep the last row of the chunks ending in this tile, and the rows of each
         chunk's last mtp_window."""
+        if not len(self._going):
+            return
         flat = h.reshape(-1, *h.shape[2:])                         # [P * tile, hc, dim]
         at, going = step * self.tile, self._going
         lens, home = self.lens[going], self.home[going]

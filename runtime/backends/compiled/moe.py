@@ -35,8 +35,8 @@ def _(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
 grouped_mm = torch.ops.v4serve.grouped_mm
 
 
-def routed(w13: torch.Tensor, w2: torch.Tensor, x: torch.Tensor, chosen: torch.Tensor,
-           weights: torch.Tensor, limit: float) -> torch.Tensor:
+def routed(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
+           w2: torch.Tensor, limit: float) -> torch.Tensor:
     """Dispatch every (token, expert) pair, run the experts (w13 [E, 2 * inter, dim]: w1's
     rows then w3's; w2 [E, dim, inter]), combine weighted by route."""
     t, k = chosen.shape
@@ -45,9 +45,15 @@ def routed(w13: torch.Tensor, w2: torch.Tensor, x: torch.Tensor, chosen: torch.T
     counts = torch.zeros(w13.shape[0], dtype=torch.int64, device=x.device)
     counts = counts.scatter_add(0, flat, torch.ones_like(flat))
     offs = counts.cumsum(0).to(torch.int32)
-    rows = x[order // k]                                                   # [T*k, dim]
-    gate, up = grouped_mm(rows, w13.transpose(1, 2), offs).split(w2.shape[-1], dim=-1)
-    y = grouped_mm(F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit),
-                   w2.transpose(1, 2), offs)                               # [T*k, dim]
+    y = experts_ffn(x[order // k], w13, w2, offs, limit)                   # [T*k, dim]
     back = torch.empty_like(y).index_copy(0, order, y)                     # combine
     return (back.view(t, k, -1).float() * weights[..., None]).sum(1).to(x.dtype)
+
+
+def experts_ffn(rows: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, offs: torch.Tensor,
+                limit: float) -> torch.Tensor:
+    """rows [M, dim] in expert runs ending at offs [E] (int32) through their experts'
+    clamped SwiGLU -> [M, dim]."""
+    gate, up = grouped_mm(rows, w13.transpose(1, 2), offs).split(w2.shape[-1], dim=-1)
+    return grouped_mm(F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit),
+                      w2.transpose(1, 2), offs)
