@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -51,6 +52,30 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="most top log-probs a request may ask for (default: 20)")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="run the compiled backend's graphs without compiling them")
+    add_distributed_args(parser)
+
+
+def add_distributed_args(parser: argparse.ArgumentParser) -> None:
+    """Ranks as processes, torchrun style: the environment's NNODES, NODE_RANK,
+    MASTER_ADDR and MASTER_PORT are the defaults."""
+    env = os.environ
+    parser.add_argument("--distributed-executor-backend", choices=("uni", "mp"),
+                        default="uni",
+                        help="uni: every rank in one process (default); mp: one worker "
+                             "process per rank in a torch.distributed group")
+    parser.add_argument("--nnodes", type=int, default=int(env.get("NNODES", 1)),
+                        help="nodes the ranks span (mp); ranks per node = ranks / nnodes")
+    parser.add_argument("--node-rank", type=int, default=int(env.get("NODE_RANK", 0)),
+                        help="this node's index; node 0 runs the engine and the API, "
+                             "the others run their ranks only")
+    parser.add_argument("--master-addr", default=env.get("MASTER_ADDR", "127.0.0.1"),
+                        help="address of node 0, where the process group meets")
+    parser.add_argument("--master-port", type=int, default=int(env.get("MASTER_PORT", 0)),
+                        help="port of the process group (default: a free one; needed "
+                             "with --nnodes > 1)")
+    parser.add_argument("--distributed-timeout", type=float, default=300.0,
+                        help="seconds a collective may wait for a rank before the "
+                             "engine fails (default: 300)")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -68,7 +93,26 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         enable_chunked_prefill=args.enable_chunked_prefill,
         kv_cache_memory=args.kv_cache_memory, device=args.device,
         max_logprobs=args.max_logprobs, enforce_eager=args.enforce_eager,
-        defer_compile=getattr(args, "defer_compile", False))
+        defer_compile=getattr(args, "defer_compile", False),
+        distributed_executor_backend=args.distributed_executor_backend,
+        nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
+        master_port=args.master_port, distributed_timeout=args.distributed_timeout)
+
+
+def run_other_node(args: argparse.Namespace) -> int | None:
+    """On a node other than 0 (--node-rank > 0), run this node's ranks until they end
+    and return their exit code; None on node 0."""
+    if args.node_rank == 0:
+        return None
+    from runtime.workers import run_node
+
+    config = engine_config(args)
+    if config.distributed_executor_backend != "mp":
+        raise SystemExit("v4serve: --node-rank > 0 needs --distributed-executor-backend mp")
+    try:
+        return run_node(config)
+    except ValueError as exc:
+        raise SystemExit(f"v4serve: {exc}") from None
 
 
 def precompile_command(config: EngineConfig) -> list[str]:
@@ -86,10 +130,11 @@ def build_engine(args: argparse.Namespace) -> Engine:
     """The engine for these flags, or SystemExit with a one-line reason."""
     from runtime.engine import ConfigError, Engine
     from runtime.weights import CheckpointError
+    from runtime.workers import WorkerDied
 
     try:
         return Engine.build(engine_config(args))
-    except (ConfigError, CheckpointError, KeyError, ValueError) as exc:
+    except (ConfigError, CheckpointError, KeyError, ValueError, WorkerDied) as exc:
         reason = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         raise SystemExit(f"v4serve: {reason}") from None
 
@@ -239,6 +284,9 @@ def _check_prompts(engine: Engine, prompts, params: SamplingParams) -> list[str 
 
 
 def run(args: argparse.Namespace) -> int:
+    other = run_other_node(args)            # --node-rank > 0: this node's ranks only
+    if other is not None:
+        return other
     try:
         prompts = _prompts(args)
         params = sampling_params(args)
@@ -252,6 +300,13 @@ def run(args: argparse.Namespace) -> int:
         print("generate: give --prompt, --prompt-ids or --prompts-file", file=sys.stderr)
         return 2
     engine = build_engine(args)
+    try:
+        return _generate(engine, args, prompts, params)
+    finally:
+        engine.close()
+
+
+def _generate(engine: Engine, args: argparse.Namespace, prompts, params) -> int:
     engine.warmup()
     if engine.pending_graphs():
         print(f"generate: {engine.pending_graphs()} graph(s) are not compiled yet and run "

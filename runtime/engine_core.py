@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     outbox.connect(args.output)
     outbox.setsockopt(zmq.LINGER, 5000)
     encoder = msgspec.msgpack.Encoder()
-    compiling = None
+    compiling, engine = None, None
     try:
         engine = Engine.build(EngineConfig(**json.loads(args.config)))
         engine.warmup()
@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if compiling is not None and compiling.poll() is None:
             compiling.terminate()
+        if engine is not None:
+            engine.close()                   # rank workers (mp), every one reaped
         context.destroy(linger=5000)
 
 

@@ -16,7 +16,6 @@ time out, --distributed-timeout) and exit.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import pickle
 import socket
@@ -34,7 +33,6 @@ from runtime.request import Request
 from runtime.scheduler import SchedulerOutput
 from runtime.step_plan import Plan, Reply
 
-log = logging.getLogger("v4serve.workers")
 POLL_MS = 100
 
 
@@ -142,10 +140,6 @@ class Workers:
         except BaseException:
             self.close()
             raise
-        for info in self.ranks:
-            log.info("rank %d: pid %d on %s, %s, %.1f MiB of weights, %.1f MiB of pools",
-                     info["rank"], info["pid"], info["host"], info["device"],
-                     info["param_bytes"] / 2**20, info["pool_bytes"] / 2**20)
 
     def execute(self, out: SchedulerOutput) -> dict[Request, StepResult]:
         """Run one step on every rank; the results by request."""

@@ -504,6 +504,9 @@ def server_info(state: ServerState) -> dict:
         "model": state.model_name, "checkpoint": summary["checkpoint"],
         "param_bytes_per_rank": summary["param_bytes_per_rank"],
         "backend": summary["backend"], "device": summary["device"],
+        # uni: every rank in the engine's process; mp: a process per rank (pid, host,
+        # device, param and pool bytes of each)
+        "executor": summary.get("executor", "uni"), "processes": summary.get("processes"),
         "engine": "process" if getattr(engine, "process", None) else "thread",
         "engine_pid": engine.process.pid if getattr(engine, "process", None) else os.getpid(),
         "topology": {"ranks": c.RANKS, "dp": c.DP, "ep": c.EP, "tp": c.TP, "device": c.DEVICE,

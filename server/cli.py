@@ -158,6 +158,11 @@ def log_summary(summary: dict) -> None:
              summary["spec_path"], summary["checkpoint"], summary["backend"],
              summary["device"], summary["ranks"])
     log.info("weights: %.1f MiB per rank", summary["param_bytes_per_rank"] / 2**20)
+    for proc in summary.get("processes") or []:
+        if "rank" in proc:                 # mp: one line per rank process
+            log.info("rank %d: pid %d on %s, %s, weights %.1f MiB, pools %.1f MiB",
+                     proc["rank"], proc["pid"], proc["host"], proc["device"],
+                     proc["param_bytes"] / 2**20, proc["pool_bytes"] / 2**20)
     log.info("KV cache size: %d tokens per rank (%.1f MiB per rank)",
              summary["pool_tokens_per_rank"], summary["pool_bytes_per_rank"] / 2**20)
     log.info("Maximum concurrency for %d tokens per request: %.2fx",
@@ -188,6 +193,11 @@ def warm_up(engine) -> subprocess.Popen | None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from runtime.cli import run_other_node
+
+    other = run_other_node(args)           # --node-rank > 0: this node's ranks, no API
+    if other is not None:
+        return other
     start = time.perf_counter()
     sock = bind(args.host, args.port)
     server, state = make_server(args)

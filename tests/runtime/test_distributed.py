@@ -1,0 +1,163 @@
+"""Ranks as processes (--distributed-executor-backend mp): each step's share per rank,
+each rank's weights, and eight gloo workers (one thread each) giving the outputs of the
+single-process engine: code prompts, chunked prefill, preemption, 64 at once, MTP on and
+off, and over two "nodes" on one machine."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import generated
+from runtime import capacity
+from runtime.cli import default_model
+from runtime.engine import ConfigError, Engine, EngineConfig
+from runtime.request import Request
+from runtime.sampling_params import SamplingParams
+from runtime.scheduler import PrefillChunk, SchedulerOutput
+from runtime.step_plan import localize
+from runtime.weights import bytes_per_rank, load_params
+from runtime.workers import free_port, node_ranks, resolve
+from tests.conftest import REPO
+from tests.runtime.engine_support import assert_all_free, random_prompt
+
+TINY = generated.load("tiny")
+MODEL = default_model("tiny")
+CODE = [line for line in (REPO / "bench/code_prompts.txt").read_text().splitlines()
+        if line.strip()]
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+def _request(rid: str, rank: int) -> Request:
+    return Request(rid, [5, 6, 7], GREEDY, 0, rank=rank, slot=1)
+
+
+# -- a step's share per rank -------------------------------------------------------------
+
+def test_a_rank_gets_its_requests_made_local_and_every_launch():
+    a, b, c = _request("a", 0), _request("b", 3), _request("c", 3)
+    out = SchedulerOutput(decode=[[a, b], [a]], prefill=[PrefillChunk(c, 2, 0, 3)],
+                          fresh_blocks={(3, "ori"): [4], (0, "ori"): [1]}, fresh_slots=[c])
+    mine = localize(out, 3)
+    assert [[r.request_id for r in launch] for launch in mine.decode] == [["b"], []]
+    assert [(ch.request.request_id, ch.slot) for ch in mine.prefill] == [("c", 2)]
+    assert mine.fresh_blocks == {(0, "ori"): [4]}
+    assert [r.request_id for r in mine.fresh_slots] == ["c"]
+    assert b.rank == 0 and c.rank == 0 and a.rank == 0     # renumbered: the worker's copies
+    assert localize(SchedulerOutput(decode=[[_request("d", 1)]]), 2).decode == [[]]
+
+
+def test_node_layout_and_ports_are_checked():
+    assert node_ranks(8, 2, 1) == range(4, 8)
+    with pytest.raises(ValueError, match="divide"):
+        node_ranks(8, 3, 0)
+    with pytest.raises(ValueError, match="node-rank"):
+        node_ranks(8, 2, 2)
+    with pytest.raises(ValueError, match="master-port"):
+        resolve(EngineConfig(nnodes=2))
+    assert resolve(EngineConfig()).master_port > 0
+
+
+def test_mp_needs_the_compiled_backend_and_nnodes_needs_mp():
+    with pytest.raises(ConfigError, match="one process only"):
+        Engine.build(EngineConfig(spec="reference", model=REPO / "tests/fixtures/v4-tiny",
+                                  distributed_executor_backend="mp"))
+    with pytest.raises(ConfigError, match="needs --distributed-executor-backend mp"):
+        Engine.build(EngineConfig(model=MODEL, nnodes=2))
+
+
+def test_a_rank_holds_the_replicated_weights_and_its_own_experts_only():
+    whole = load_params(MODEL, TINY)
+    args, per = whole.args, whole.args.n_experts // TINY.contract.EP
+    expert = sum(e.w13[0].nbytes + e.w2[0].nbytes for e in whole.experts.values())
+    dense = bytes_per_rank(whole) - per * expert
+    for rank in (0, 5):
+        mine = load_params(MODEL, TINY, held=range(rank, rank + 1))
+        for layer, experts in mine.experts.items():
+            assert experts.count == per and experts.first == rank * per
+            assert torch.equal(experts.w13, whole.experts[layer].w13[rank * per:][:per])
+        assert bytes_per_rank(mine) == dense + per * expert
+        assert sum(e.w13.nbytes + e.w2.nbytes for e in mine.experts.values()) \
+            == per * expert
+    assert args.n_experts == TINY.contract.EP * per
+
+
+# -- eight workers against one process ---------------------------------------------------
+
+def _config(k: int, executor: str, **more) -> EngineConfig:
+    running = 8 if k else 16
+    tight = capacity.bytes_for(TINY.pools.GROUPS, running, 128 * 8)   # 64 prompts preempt
+    return EngineConfig(spec="tiny", model=MODEL, num_speculative_tokens=k,
+                        enforce_eager=True, long_prefill_token_threshold=128,
+                        kv_cache_memory=tight, max_model_len=1024, worker_threads=1,
+                        distributed_executor_backend=executor, **more)
+
+
+def _workload() -> list[tuple[list[str | list[int]], SamplingParams]]:
+    """Code prompts; prompts chunked at 128 (crossing tile and block edges); 64 at once,
+    which preempt under the tight pools."""
+    return [(CODE, GREEDY),
+            ([random_prompt(n, n) for n in (127, 129, 257, 600)], GREEDY),
+            ([random_prompt(120, i) for i in range(64)],
+             SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))]
+
+
+@pytest.fixture(scope="module", params=[0, 1], ids=["mtp-off", "mtp-on"])
+def runs(request):
+    """(single-process outputs, mp outputs, mp engine) of the workload, per K."""
+    k, outputs = request.param, {}
+    for executor in ("uni", "mp"):
+        engine = Engine.build(_config(k, executor))
+        try:
+            outputs[executor] = [[o.output_ids for o in engine.generate(p, s)]
+                                 for p, s in _workload()]
+            info, preempted = engine.summary(), engine.scheduler.num_preemptions
+            assert_all_free(engine)
+        finally:
+            engine.close()
+    return outputs["uni"], outputs["mp"], info, preempted
+
+
+@pytest.mark.slow
+def test_eight_gloo_workers_give_the_single_process_outputs(runs):
+    uni, mp, _, preempted = runs
+    for part, (one, many) in enumerate(zip(uni, mp)):
+        assert many == one, f"workload part {part}"
+    assert preempted > 0                       # the 64 prompts were preempted and resumed
+
+
+@pytest.mark.slow
+def test_every_rank_reports_its_process_device_and_bytes(runs):
+    info = runs[2]
+    ranks = info["processes"]
+    assert [r["rank"] for r in ranks] == list(range(8))
+    assert len({r["pid"] for r in ranks}) == 8
+    mine = bytes_per_rank(load_params(MODEL, TINY, held=range(3, 4)))
+    assert {r["param_bytes"] for r in ranks} == {mine} and info["executor"] == "mp"
+    assert all(r["device"] == "cpu" for r in ranks)
+
+
+@pytest.mark.slow
+def test_two_nodes_on_one_machine_give_the_same_outputs():
+    port = free_port()
+    flags = ["--spec", "tiny", "--enforce-eager", "--distributed-executor-backend", "mp",
+             "--nnodes", "2", "--master-port", str(port), "--num-speculative-tokens", "0"]
+    other = subprocess.Popen([sys.executable, "-m", "server.command", "generate",
+                              "--node-rank", "1", *flags], cwd=REPO)
+    try:
+        engine = Engine.build(EngineConfig(model=MODEL, num_speculative_tokens=0,
+                                           enforce_eager=True, nnodes=2, master_port=port,
+                                           worker_threads=1,
+                                           distributed_executor_backend="mp"))
+        try:
+            two = [o.output_ids for o in engine.generate(CODE, GREEDY)]
+        finally:
+            engine.close()
+        assert other.wait(30) == 0                 # node 1's ranks end with the engine
+    finally:
+        if other.poll() is None:
+            other.kill()
+    one = Engine.build(EngineConfig(model=MODEL, num_speculative_tokens=0, enforce_eager=True))
+    assert two == [o.output_ids for o in one.generate(CODE, GREEDY)]
