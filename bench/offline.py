@@ -6,6 +6,7 @@ both backends. Prints figures; asserts nothing.
     .venv/bin/python bench/offline.py [--model DIR] [--prompt-len 256] [--max-tokens 64]
                                       [--concurrency 1,64] [--backends compiled,torch]
                                       [--long-prompt 16000] [--device cpu]
+                                      [--executors uni,mp]
 
 Graphs compile (or load from the on-disk cache) before anything is timed; the first
 line per backend says how long that took.
@@ -46,9 +47,10 @@ def prompts(n: int, length: int, model: Path) -> list[list[int]]:
     return [torch.randint(2, vocab, (length,), generator=gen).tolist() for _ in range(n)]
 
 
-def build(args, backend: str, k: int) -> Engine:
+def build(args, backend: str, k: int, executor: str = "uni") -> Engine:
     config = EngineConfig(spec=args.spec, model=args.model, num_speculative_tokens=k,
-                          backend=backend, device=args.device)
+                          backend=backend, device=args.device,
+                          distributed_executor_backend=executor)
     engine = Engine.build(config)
     start = time.perf_counter()
     seconds = engine.warmup()
@@ -128,6 +130,9 @@ def main() -> None:
                         help="tokens of the prompt whose prefill is timed (0: skip)")
     parser.add_argument("--device", default=None, help="default: the spec's")
     parser.add_argument("--no-transformers", action="store_true")
+    parser.add_argument("--executors", default="uni",
+                        help="uni (every rank in one process), mp (a process per rank), "
+                             "or both: uni,mp")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     backends = args.backends.split(",")
@@ -150,16 +155,19 @@ def main() -> None:
                   + " - |" * (len(HEADER) - 5), flush=True)
     prefill: dict[str, float] = {}
     long = prompts(1, args.long_prompt, args.model)[0] if args.long_prompt else None
-    for backend in backends:
-        for k in (0, 1):
-            engine = build(args, backend, k)
-            for n in levels:
-                r = decode_row(engine, prompts(n, args.prompt_len, args.model), args.max_tokens)
-                print(_row(backend, n, k, r, hf_tps.get(n)), flush=True)
-            if long and k == 0:
-                prefill_seconds(engine, long[:256])                       # first use
-                prefill[backend] = prefill_seconds(engine, long)
-            del engine
+    for executor in args.executors.split(","):
+        for backend in backends:
+            label = backend + (" mp" if executor == "mp" else "")
+            for k in (0, 1):
+                engine = build(args, backend, k, executor)
+                for n in levels:
+                    r = decode_row(engine, prompts(n, args.prompt_len, args.model),
+                                   args.max_tokens)
+                    print(_row(label, n, k, r, hf_tps.get(n)), flush=True)
+                if long and k == 0 and executor == "uni":
+                    prefill_seconds(engine, long[:256])                       # first use
+                    prefill[backend] = prefill_seconds(engine, long)
+                engine.close()
     print("columns step/sched/marshal/kernel/sample: milliseconds per engine step; host %: "
           "(sched + marshal + sample) / step")
     for backend, seconds in prefill.items():

@@ -95,13 +95,14 @@ def _config(k: int, executor: str, **more) -> EngineConfig:
                         distributed_executor_backend=executor, **more)
 
 
-def _workload() -> list[tuple[list[str | list[int]], SamplingParams]]:
-    """Code prompts; prompts chunked at 128 (crossing tile and block edges); 64 at once,
-    which preempt under the tight pools."""
-    return [(CODE, GREEDY),
-            ([random_prompt(n, n) for n in (127, 129, 257, 600)], GREEDY),
-            ([random_prompt(120, i) for i in range(64)],
-             SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))]
+def _workload(k: int) -> list[tuple[list[str | list[int]], SamplingParams]]:
+    """Code prompts; prompts chunked at 128 (crossing tile and block edges); with MTP,
+    64 at once, which preempt under the tight pools (the suite's time allows one)."""
+    parts = [(CODE, GREEDY), ([random_prompt(n, n) for n in (127, 129, 257, 600)], GREEDY)]
+    if k:
+        parts.append(([random_prompt(120, i) for i in range(64)],
+                      SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)))
+    return parts
 
 
 @pytest.fixture(scope="module", params=[0, 1], ids=["mtp-off", "mtp-on"])
@@ -112,7 +113,7 @@ def runs(request):
         engine = Engine.build(_config(k, executor))
         try:
             outputs[executor] = [[o.output_ids for o in engine.generate(p, s)]
-                                 for p, s in _workload()]
+                                 for p, s in _workload(k)]
             info, preempted = engine.summary(), engine.scheduler.num_preemptions
             assert_all_free(engine)
         finally:
@@ -125,7 +126,7 @@ def test_eight_gloo_workers_give_the_single_process_outputs(runs):
     uni, mp, _, preempted = runs
     for part, (one, many) in enumerate(zip(uni, mp)):
         assert many == one, f"workload part {part}"
-    assert preempted > 0                       # the 64 prompts were preempted and resumed
+    assert preempted > 0 or len(uni) < 3      # the 64 prompts were preempted and resumed
 
 
 @pytest.mark.slow

@@ -20,11 +20,16 @@ pytestmark = pytest.mark.slow
 
 
 def _alive(pid: int) -> bool:
+    """Running (a zombie, exited but not yet reaped by its parent, is not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
 
 
 def test_answers_equal_an_engine_in_process_stop_strings_and_logprobs_included():
@@ -135,3 +140,41 @@ def test_a_core_that_fails_to_load_ends_the_server_with_its_reason(tmp_path):
     assert result.returncode == 1
     assert "the engine core failed to start: CheckpointError" in result.stderr
     assert "no *.safetensors files" in result.stderr
+
+
+def test_a_killed_rank_worker_fails_the_server_and_leaves_no_process():
+    """mp: SIGKILL one of eight rank workers mid-generation; /health is 503 within 10 s
+    and the engine core and every other rank are gone."""
+    from runtime.cli import default_model
+
+    with ServerProcess("--spec", "tiny", "--model", str(default_model("tiny")),
+                       "--distributed-executor-backend", "mp", "--enforce-eager") as server:
+        info = httpx.get(f"{server.url}/server_info").json()
+        ranks = [p["pid"] for p in info["processes"]]
+        assert info["executor"] == "mp" and len(ranks) == 8
+        started = threading.Event()
+
+        def stream() -> None:
+            body = {"model": "tiny", "prompt": "def", "max_tokens": 2000, "stream": True,
+                    "ignore_eos": True, "temperature": 0}
+            with httpx.stream("POST", f"{server.url}/v1/completions", json=body,
+                              timeout=60) as resp:
+                for _ in resp.iter_lines():
+                    started.set()
+
+        client = threading.Thread(target=stream, daemon=True)
+        client.start()
+        assert started.wait(60)
+        os.kill(ranks[3], signal.SIGKILL)
+        killed = time.monotonic()
+        while httpx.get(f"{server.url}/health").status_code != 503:
+            assert time.monotonic() - killed < 10, "still healthy 10 s after the kill"
+            time.sleep(0.1)
+        client.join(timeout=10)
+        assert not client.is_alive()
+        deadline = time.monotonic() + 10
+        left = [pid for pid in [info["engine_pid"], *ranks] if _alive(pid)]
+        while left and time.monotonic() < deadline:
+            time.sleep(0.1)
+            left = [pid for pid in left if _alive(pid)]
+        assert not left, f"processes left: {left}"
