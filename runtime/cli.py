@@ -64,15 +64,17 @@ def add_distributed_args(parser: argparse.ArgumentParser) -> None:
                         help="uni: every rank in one process (default); mp: one worker "
                              "process per rank in a torch.distributed group")
     parser.add_argument("--nnodes", type=int, default=int(env.get("NNODES", 1)),
-                        help="nodes the ranks span (mp); ranks per node = ranks / nnodes")
+                        help="nodes the ranks span (mp); ranks per node = ranks / nnodes "
+                             "(default: $NNODES, else 1)")
     parser.add_argument("--node-rank", type=int, default=int(env.get("NODE_RANK", 0)),
                         help="this node's index; node 0 runs the engine and the API, "
-                             "the others run their ranks only")
+                             "the others run their ranks only (default: $NODE_RANK, else 0)")
     parser.add_argument("--master-addr", default=env.get("MASTER_ADDR", "127.0.0.1"),
-                        help="address of node 0, where the process group meets")
+                        help="address of node 0, where the process group meets "
+                             "(default: $MASTER_ADDR, else 127.0.0.1)")
     parser.add_argument("--master-port", type=int, default=int(env.get("MASTER_PORT", 0)),
-                        help="port of the process group (default: a free one; needed "
-                             "with --nnodes > 1)")
+                        help="port of the process group (default: $MASTER_PORT, else a free "
+                             "one; needed with --nnodes > 1)")
     parser.add_argument("--distributed-timeout", type=float, default=300.0,
                         help="seconds a collective may wait for a rank before the "
                              "engine fails (default: 300)")

@@ -96,13 +96,13 @@ def _config(k: int, executor: str, **more) -> EngineConfig:
 
 
 def _workload(k: int) -> list[tuple[list[str | list[int]], SamplingParams]]:
-    """Code prompts; prompts chunked at 128 (crossing tile and block edges); with MTP,
-    64 at once, which preempt under the tight pools (the suite's time allows one)."""
-    parts = [(CODE, GREEDY), ([random_prompt(n, n) for n in (127, 129, 257, 600)], GREEDY)]
-    if k:
-        parts.append(([random_prompt(120, i) for i in range(64)],
-                      SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)))
-    return parts
+    """Code prompts; with MTP (the suite's time allows one K) also prompts chunked at 128
+    (crossing tile and block edges) and 64 at once, which preempt under the tight pools."""
+    if not k:
+        return [(CODE, GREEDY)]
+    return [(CODE, GREEDY), ([random_prompt(n, n) for n in (127, 129, 257, 600)], GREEDY),
+            ([random_prompt(120, i) for i in range(64)],
+             SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))]
 
 
 @pytest.fixture(scope="module", params=[0, 1], ids=["mtp-off", "mtp-on"])
@@ -162,3 +162,27 @@ def test_two_nodes_on_one_machine_give_the_same_outputs():
             other.kill()
     one = Engine.build(EngineConfig(model=MODEL, num_speculative_tokens=0, enforce_eager=True))
     assert two == [o.output_ids for o in one.generate(CODE, GREEDY)]
+
+
+def test_the_all_to_all_moe_equals_the_local_one_on_a_group_of_one(tmp_path):
+    """ep_moe's dispatch (sort, counts, exchange), grouped experts and combine, on a
+    one-rank gloo group holding every expert: the same sums as the local MoE."""
+    import torch.distributed as dist
+
+    from runtime.backends.compiled import expert_parallel
+    from runtime.backends.compiled.moe import routed
+
+    gen = torch.Generator().manual_seed(0)
+    x, w13, w2 = (torch.randn(*shape, generator=gen) for shape in
+                  ((37, 16), (8, 2 * 12, 16), (8, 16, 12)))
+    chosen = torch.randint(0, 8, (37, 2), generator=gen)
+    weights = torch.rand(37, 2, generator=gen)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        expert_parallel.enable(dist.group.WORLD)
+        got = expert_parallel.ep_moe(x, chosen, weights, w13, w2, 10.0)
+    finally:
+        expert_parallel.enable(None)
+        dist.destroy_process_group()
+    torch.testing.assert_close(got, routed(x, chosen, weights, w13, w2, 10.0))
