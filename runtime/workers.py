@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import zmq
 
@@ -49,8 +49,6 @@ def free_port() -> int:
 def resolve(config):
     """The config with a master port chosen (a free one when a single node runs every
     rank and none was given)."""
-    from dataclasses import replace
-
     if config.master_port:
         return config
     if config.nnodes > 1:
