@@ -6,8 +6,9 @@ the process group here before its first launch. Then, per MoE call on T rows:
 
     dispatch   the T*k (row, expert) pairs sorted by expert, which is by owning rank
                (expert e lives on rank e // experts_per_rank); the pair counts per
-               rank go first (all_to_all_single of R counts), then the rows and their
-               local expert ids with those variable splits
+               expert go first (all_to_all_single, experts_per_rank to each rank), then
+               the rows with the variable splits they sum to: a receiver knows each
+               row's expert from the counts
     experts    the received rows grouped by local expert, one grouped matmul each for
                gate/up and down (moe.experts_ffn)
     combine    the results back along the reverse splits, unsorted, weighted by route
@@ -58,14 +59,16 @@ def _ep_moe(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, w13: t
     flat = chosen.reshape(-1)
     order = torch.argsort(flat, stable=True)                 # by expert, so by rank
     expert = flat[order]
-    send_counts = torch.bincount(expert // local, minlength=ranks)
-    recv_counts = torch.empty_like(send_counts)
-    dist.all_to_all_single(recv_counts, send_counts, group=group)
-    sends, recvs = send_counts.tolist(), recv_counts.tolist()
-    rows = _exchange(x[order // k], sends, recvs, group)
-    mine = _exchange(expert % local, sends, recvs, group)    # local expert of each row
+    per_expert = torch.bincount(expert, minlength=ranks * local)        # pairs I send
+    got = torch.empty_like(per_expert)               # [source rank, my local expert]
+    dist.all_to_all_single(got, per_expert, group=group)
+    sends = per_expert.view(ranks, local).sum(1).tolist()
+    recvs = got.view(ranks, local).sum(1).tolist()
+    rows = _exchange(x[order // k], sends, recvs, group)    # by source, then by expert
+    mine = torch.repeat_interleave(torch.arange(local, device=x.device).repeat(ranks),
+                                   got)                      # local expert of each row
     by_expert = torch.argsort(mine, stable=True)
-    offs = torch.bincount(mine, minlength=local).cumsum(0).to(torch.int32)
+    offs = got.view(ranks, local).sum(0).cumsum(0).to(torch.int32)
     y = experts_ffn(rows[by_expert], w13, w2, offs, limit)
     y = torch.empty_like(y).index_copy(0, by_expert, y)      # the order rows came in
     back = _exchange(y, recvs, sends, group)                 # [T*k, dim], sorted order
