@@ -143,10 +143,11 @@ def offline(engine, prompts: list[list[int]], c: int, max_tokens: int) -> float:
     return tokens / (time.perf_counter() - start)
 
 
-def start_server(spec: str, model: Path, port: int, k: int) -> subprocess.Popen:
+def start_server(spec: str, model: Path, port: int, k: int, *flags: str) -> subprocess.Popen:
     proc = subprocess.Popen(
         [sys.executable, "-m", "server", "--spec", spec, "--model", str(model), "--port",
-         str(port), "--num-speculative-tokens", str(k), "--served-model-name", "tiny"],
+         str(port), "--num-speculative-tokens", str(k), "--served-model-name", "tiny",
+         *flags],
         cwd=ROOT, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
     deadline = time.monotonic() + 180

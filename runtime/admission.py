@@ -12,6 +12,7 @@ from typing import Any
 from runtime import capacity
 from runtime.block_pool import BlockPool
 from runtime.mtp_slots import SlotTable
+from runtime.prefix_cache import Layout, Unsupported
 from runtime.request import Request
 from runtime.sampling_params import InvalidParam, SamplingParams
 from runtime.scheduler import Scheduler, SchedulerConfig
@@ -28,6 +29,7 @@ class Admission:
     limits: SchedulerConfig
     capacity: capacity.Capacity
     max_logprobs: int
+    layout: Layout | None = None              # prefix caching; None: off
 
     def __post_init__(self) -> None:
         self._checker = self.scheduler()        # only ever asked `check`: it stays empty
@@ -39,22 +41,24 @@ class Admission:
         k, limits = _resolve(config, spec)
         running_per_rank = limits.max_running_per_rank
         groups = spec.pools.GROUPS
+        layout = _layout(config, spec, k)
+        copies = layout.copies if layout else {}
         budget = config.kv_cache_memory or capacity.bytes_for(
             groups, running_per_rank,
-            capacity.tokens_for(groups, running_per_rank, limits.max_model_len))
-        cap = capacity.plan(groups, budget, running_per_rank)
+            capacity.tokens_for(groups, running_per_rank, limits.max_model_len), copies)
+        cap = capacity.plan(groups, budget, running_per_rank, copies)
         if cap.tokens < limits.max_model_len:
             raise ConfigError(f"the pools hold {cap.tokens} tokens per rank, less than one "
                               f"request of max_model_len {limits.max_model_len}; raise "
                               "--kv-cache-memory or lower --max-model-len")
-        return cls(spec, k, limits, cap, config.max_logprobs)
+        return cls(spec, k, limits, cap, config.max_logprobs, layout)
 
     def scheduler(self) -> Scheduler:
         """A scheduler on these limits, with empty pools and slot table."""
         c = self.spec.contract
         return Scheduler(self.limits, BlockPool(self.capacity.blocks, c.RANKS),
                          {g: grp.blocks_for for g, grp in self.spec.pools.GROUPS.items()},
-                         SlotTable(c.RANKS, c.REQUEST_SLOTS_PER_RANK))
+                         SlotTable(c.RANKS, c.REQUEST_SLOTS_PER_RANK), self.layout)
 
     @property
     def vocab_size(self) -> int:
@@ -81,6 +85,17 @@ class Admission:
         reason = self._checker.check(Request("check", ids, params, -1))
         if reason:
             raise InvalidParam("prompt", reason)
+
+
+def _layout(config: Any, spec: ModuleType, k: int) -> Layout | None:
+    if not config.enable_prefix_caching:
+        return None
+    try:
+        return Layout.of(spec.pools.GROUPS, spec.architecture.CONFIG,
+                         spec.contract.BLOCK_SIZE, k)
+    except Unsupported as exc:
+        raise ConfigError(f"--enable-prefix-caching: spec {spec.SPEC_PATH}: {exc}; "
+                          "serve it with --no-enable-prefix-caching") from exc
 
 
 def _resolve(config: Any, spec: ModuleType) -> tuple[int, SchedulerConfig]:
@@ -114,4 +129,5 @@ def _resolve(config: Any, spec: ModuleType) -> tuple[int, SchedulerConfig]:
         micro_batches=c.DECODE_MICRO_BATCHES, k=k, effective_extent=extent,
         max_num_batched_tokens=limits["max_num_batched_tokens"],
         max_num_seqs=limits["max_num_seqs"], max_model_len=limits["max_model_len"],
-        chunked_prefill=config.enable_chunked_prefill)
+        chunked_prefill=config.enable_chunked_prefill,
+        prefix_affinity=config.prefix_affinity_threshold)

@@ -45,6 +45,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill",
                         action="store_false",
                         help="reject prompts longer than one prefill dispatch")
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                        default=True,
+                        help="reuse the pages of cached prompt prefixes, 128-token blocks "
+                             "(default: on)")
+    parser.add_argument("--prefix-affinity-threshold", type=int, default=4,
+                        help="a request goes to the rank holding its longest cached prefix "
+                             "unless that rank runs more than this many requests beyond the "
+                             "least-loaded one (default: 4)")
     parser.add_argument("--kv-cache-memory", type=int, default=None,
                         help="pool bytes per rank (default: enough for the limits)")
     parser.add_argument("--device", default=None, help="cpu | cuda | npu (default: the spec's)")
@@ -93,6 +101,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         enable_chunked_prefill=args.enable_chunked_prefill,
+        enable_prefix_caching=args.enable_prefix_caching,
+        prefix_affinity_threshold=args.prefix_affinity_threshold,
         kv_cache_memory=args.kv_cache_memory, device=args.device,
         max_logprobs=args.max_logprobs, enforce_eager=args.enforce_eager,
         defer_compile=getattr(args, "defer_compile", False),

@@ -260,7 +260,7 @@ class CoreClient:
             self._streams.pop(request_id, None)
         return RequestOutput(request_id, stream.prompt_ids, list(stream.output_ids), text,
                              list(delta.new_ids), new_text, finished, reason, stop_reason,
-                             logprobs, error)
+                             logprobs, error, delta.num_cached_tokens)
 
     def _die(self, error: str) -> None:
         """The core is gone: every request in flight and every later one fails."""

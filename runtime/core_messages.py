@@ -44,6 +44,7 @@ class Delta(msgspec.Struct, array_like=True):
     stop_reason: int | str | None = None
     logprobs: list[tuple[int, float, list[tuple[int, float]]]] = []
     error: str | None = None
+    num_cached_tokens: int | None = None
 
 
 class Refused(msgspec.Struct, array_like=True):

@@ -43,6 +43,8 @@ class EngineConfig:
     max_model_len: int | None = None
     max_num_seqs: int | None = None
     enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    prefix_affinity_threshold: int = 4    # running requests a cached prefix may outweigh
     kv_cache_memory: int | None = None            # bytes per rank; None: enough for the limits
     device: str | None = None                     # None: the spec's device
     backend: str | None = None
@@ -74,6 +76,7 @@ class RequestOutput:
     stop_reason: int | str | None = None
     logprobs: list[TokenLogprobs] = field(default_factory=list)   # of new_ids
     error: str | None = None         # the request failed (finish_reason "error"); why
+    num_cached_tokens: int | None = None   # prompt tokens found in the prefix cache
 
 
 @dataclass
@@ -180,6 +183,21 @@ class Engine:
             "preemptions": sched.num_preemptions, "drafts": s.drafts,
             "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
             "dispatches": dict(self.dispatches), "graphs": self.graph_info(),
+            "prefix_cache": self.prefix_cache_info(),
+        }
+
+    def prefix_cache_info(self) -> dict:
+        """Prompt tokens looked up and found in the prefix cache (vLLM's counters), and
+        per rank the hit rate and the cached blocks."""
+        sched = self.scheduler
+        stats, pool = sched.cache_stats, sched.pool
+        return {
+            "enabled": sched.layout is not None,
+            "queries": sum(stats.queries), "hits": sum(stats.hits),
+            "ranks": [{"queries": q, "hits": h, "hit_rate": round(h / q, 4) if q else 0.0,
+                       "cached_blocks": pool.cached_blocks(rank),
+                       "evictions": pool.evictions[rank]}
+                      for rank, (q, h) in enumerate(zip(stats.queries, stats.hits))],
         }
 
     def close(self) -> None:
@@ -273,7 +291,8 @@ class Engine:
         if request.request_id in self.requests:
             self._forget(request)
         return RequestOutput(request.request_id, request.prompt_ids, list(request.output_ids),
-                             "", [], "", True, "error", error=f"{type(error).__name__}: {error}")
+                             "", [], "", True, "error", error=f"{type(error).__name__}: {error}",
+                             num_cached_tokens=request.num_cached_tokens)
 
     def _count(self, result: StepResult, tokens: list[int]) -> None:
         self.stats.generation_tokens += len(tokens)
@@ -299,7 +318,8 @@ class Engine:
         logprobs = (result.logprobs or [])[: len(tokens)]
         return RequestOutput(request.request_id, request.prompt_ids, list(request.output_ids),
                              text, tokens, delta, request.finished, request.finish_reason,
-                             request.stop_reason, logprobs)
+                             request.stop_reason, logprobs,
+                             num_cached_tokens=request.num_cached_tokens)
 
     def _forget(self, request: Request) -> None:
         self.stats.requests_finished += 1

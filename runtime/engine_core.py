@@ -84,7 +84,7 @@ class EngineCore:
 def _delta(out: RequestOutput) -> Delta:
     logprobs = [(lp.token, lp.logprob, [tuple(t) for t in lp.top]) for lp in out.logprobs]
     return Delta(out.request_id, out.new_ids, out.finished, out.finish_reason,
-                 out.stop_reason, logprobs, out.error)
+                 out.stop_reason, logprobs, out.error, out.num_cached_tokens)
 
 
 def main(argv: list[str] | None = None) -> int:

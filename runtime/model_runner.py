@@ -3,12 +3,15 @@
 It owns the device side: the pools, the MTP slots, the sampling state, one wrapper per
 kernel (staging buffers allocated once) and the dispatch counters. A step:
 
-    clear     pages and slots handed to new owners are zeroed (targeted writes)
+    save      prefix caching: ring pages copied into cache pages (before any clear)
+    clear     pages and slots handed to new owners are zeroed (targeted writes); then
+              cached ring pages copied into the rings of requests that hit them
     decode    every decode launch, its rows sampled (MTP drafts verified, slots
               advanced) on the device
     prefill   the main prefill, the first token of each finished prompt sampled on the
               device, the MTP prefill (its last next-token filled in on the device),
-              the slots of finished prompts set
+              the slots of finished prompts set; split at the block boundaries whose
+              ring state is saved, each saved as the computation stands there
     copy      every sampled token, acceptance and log-prob to the host, at once
 
 Per request, only the host's share of the work can fail alone (its sampling row); a
@@ -29,7 +32,7 @@ from runtime import batch_sampler
 from runtime.batch_sampler import PenaltyState, RowParamsBuilder
 from runtime.model.params import ModelParams
 from runtime.request import Request
-from runtime.scheduler import PrefillChunk, SchedulerOutput
+from runtime.scheduler import PageCopy, PrefillChunk, Save, SchedulerOutput
 
 
 class SamplingFailure(RuntimeError):
@@ -102,21 +105,46 @@ class ModelRunner:
     # -- the step --------------------------------------------------------------------
 
     def execute(self, out: SchedulerOutput,
-                extent: int | None = None) -> dict[Request, StepResult]:
-        """One step. `extent`: the main prefill's over every rank (a rank worker's own
-        chunks may be fewer, or none)."""
+                extents: list[int] | None = None) -> dict[Request, StepResult]:
+        """One step. `extents`: those of the main prefill launches over every rank (a
+        rank worker's own chunks may be fewer, or none)."""
+        self._copy_pages([c for save in out.saves for c in save.copies])
         self._clear(out)
+        self._copy_pages(out.restores)
         results: dict[Request, StepResult] = {}
         sampled: list[_Sampled] = []
         for launch in out.decode:
             sampled += self._decode(launch, results)
-        if out.prefill or extent:
-            sampled += self._prefill(out.prefill, results, extent)
+        launches = out.prefill_launches()
+        if extents is None:
+            extents = prefill_extents(self.spec.contract, launches)
+        for i, extent in enumerate(extents):
+            pieces = launches[i] if i < len(launches) else []
+            sampled += self._prefill(pieces, results, extent)
+            self._snapshot(out.snapshots, pieces)
         results.update(self._copy(sampled))
         return results
 
     def forget(self, request_id: str) -> None:
         self._seeds.pop(request_id, None)
+
+    def _copy_pages(self, copies: list[PageCopy]) -> None:
+        """Page src := page dst in every layer of each copy's group; all the reads of a
+        group come before its writes."""
+        by_group: dict[str, list[PageCopy]] = {}
+        for c in copies:
+            by_group.setdefault(c.group, []).append(c)
+        for group, cs in by_group.items():
+            pool = getattr(self.pools, group)
+            rank, src, dst = (torch.tensor(v, device=self.device)
+                              for v in zip(*((c.rank, c.src, c.dst) for c in cs)))
+            pool[rank, :, dst] = pool[rank, :, src]
+
+    def _snapshot(self, snapshots: list[Save], pieces: list[PrefillChunk]) -> None:
+        """The saves of boundaries where a piece of this launch ended."""
+        ends = {(id(p.request), p.end) for p in pieces}
+        self._copy_pages([c for s in snapshots if (id(s.request), s.boundary) in ends
+                          for c in s.copies])
 
     def _clear(self, out: SchedulerOutput) -> None:
         """Targeted writes: a page or slot handed to a new owner starts zeroed."""
@@ -286,10 +314,8 @@ class ModelRunner:
 
     # -- prefill ---------------------------------------------------------------------
 
-    def _prefill(self, chunks: list[PrefillChunk], results,
-                 extent: int | None = None) -> list[_Sampled]:
+    def _prefill(self, chunks: list[PrefillChunk], results, extent: int) -> list[_Sampled]:
         c = self.spec.contract
-        extent = extent or max(c.dispatch_extent(ch.length) for ch in chunks)
         shape = (self.ranks, c.SLOTS_PER_RANK)
         tokens = np.zeros(shape + (extent,), np.int64)
         starts, lens = np.zeros(shape, np.int32), np.zeros(shape, np.int32)
@@ -489,3 +515,8 @@ def _unpack_logprobs(host: np.ndarray, at: int, n: int, width: int, top: int):
     ids = host[at + size: at + size + size * top].reshape(n, width, top).astype(np.int64)
     vals = host[at + size + size * top: at + size + 2 * size * top].reshape(n, width, top)
     return (chosen, ids, vals), at + size + 2 * size * top
+
+
+def prefill_extents(contract: ModuleType, launches: list[list[PrefillChunk]]) -> list[int]:
+    """The extent of each main prefill launch: its longest piece padded to the tile."""
+    return [max(contract.dispatch_extent(p.length) for p in launch) for launch in launches]

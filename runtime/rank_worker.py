@@ -88,7 +88,7 @@ class RankWorker:
     def step(self, plan: Plan) -> dict[str, StepResult]:
         for request_id in plan.forget:
             self.runner.forget(request_id)
-        results = self.runner.execute(localize(plan.out, self.rank), plan.extent)
+        results = self.runner.execute(localize(plan.out, self.rank), plan.extents)
         return {request.request_id: result for request, result in results.items()}
 
     def gather(self, value):

@@ -37,6 +37,9 @@ class Request:
     finish_reason: str | None = None          # "stop" | "length" | "abort"
     stop_reason: int | str | None = None
     num_preemptions: int = 0
+    num_cached_tokens: int | None = None      # prompt tokens the first admission found cached
+    cached_blocks: int = 0                    # leading blocks in the prefix cache (hit or saved)
+    block_keys: list[bytes] = field(default_factory=list)   # prefix-cache keys, computed once
     draft_tokens: int = 0                     # MTP statistics
     accepted_tokens: int = 0
 

@@ -11,6 +11,19 @@ Every step plans decode first, then prefill, per rank:
              budget left) tokens; the runner pads it to the tile.
     admit    the head of the queue goes to the least-loaded rank that can supply its
              first chunk's blocks (and an MTP slot); ties rotate. It stays there.
+
+With prefix caching (runtime/prefix_cache.py), admission first looks up the request's
+block keys on every rank: it goes to the rank holding its longest cached prefix unless
+that rank runs more than `prefix_affinity` requests beyond the least-loaded rank that can
+take it. A hit of J blocks holds their pages and starts the request at J * block_size
+(at least one prompt token is always computed). Each block boundary a request passes is
+saved as an entry, registered at commit:
+
+    in prefill   a boundary inside or at the end of a chunk: the runner copies the ring
+                 pages when its computation stands there (it splits the launch there)
+    in decode    at the start of the step after the boundary is passed, while the ring
+                 still holds its rows (`Layout.reach`); so too when the request ends
+Copies of a step pin the pages they read or fill until its commit.
 """
 from __future__ import annotations
 
@@ -20,6 +33,7 @@ from dataclasses import dataclass, field
 
 from runtime.block_pool import BlockPool
 from runtime.mtp_slots import SlotTable
+from runtime.prefix_cache import CacheStats, Layout
 from runtime.request import Request, Status
 
 
@@ -35,6 +49,7 @@ class SchedulerConfig:
     max_num_seqs: int
     max_model_len: int
     chunked_prefill: bool = True
+    prefix_affinity: int = 4      # running requests a prefix hit may outweigh
 
     @property
     def max_running_per_rank(self) -> int:
@@ -58,6 +73,26 @@ class PrefillChunk:
         return self.end == _prefill_target(self.request)
 
 
+@dataclass(frozen=True)
+class PageCopy:
+    rank: int
+    group: str
+    src: int
+    dst: int
+
+
+@dataclass
+class Save:
+    """A request's ring rows at `boundary` copied into cache pages; at commit, the entry
+    of block boundary // block_size - 1 with `pages` (its full pages and the copies)."""
+
+    request: Request
+    rank: int
+    boundary: int
+    copies: list[PageCopy]
+    pages: dict[str, int]
+
+
 @dataclass
 class SchedulerOutput:
     # Decode launches; a request's row is its index among its rank's requests in the launch.
@@ -66,10 +101,34 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     fresh_blocks: dict[tuple[int, str], list[int]] = field(default_factory=dict)
     fresh_slots: list[Request] = field(default_factory=list)   # admitted: new slot owners
+    # prefix caching, in the runner's order: `saves` first (before any page is cleared),
+    # then `restores` (after), then the prefill, split at the boundaries of `snapshots`
+    saves: list[Save] = field(default_factory=list)
+    restores: list[PageCopy] = field(default_factory=list)
+    snapshots: list[Save] = field(default_factory=list)
+    pins: list[tuple[int, dict[str, list[int]]]] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
-        return not self.decode and not self.prefill
+        return not self.decode and not self.prefill and not self.saves
+
+    def prefill_launches(self) -> list[list[PrefillChunk]]:
+        """The step's main prefills: each chunk cut at the boundaries of its snapshots
+        that lie inside it (so that the ring stands at each when it is copied); launch i
+        carries piece i of every chunk."""
+        cuts: dict[int, list[int]] = {}
+        for save in self.snapshots:
+            cuts.setdefault(id(save.request), []).append(save.boundary)
+        launches: list[list[PrefillChunk]] = []
+        for ch in self.prefill:
+            at = ch.start
+            inside = sorted(b for b in cuts.get(id(ch.request), ()) if ch.start < b < ch.end)
+            for i, point in enumerate(inside + [ch.end]):
+                if len(launches) == i:
+                    launches.append([])
+                launches[i].append(PrefillChunk(ch.request, ch.slot, at, point - at))
+                at = point
+        return launches
 
 
 def _prefill_target(request: Request) -> int:
@@ -80,13 +139,17 @@ def _prefill_target(request: Request) -> int:
 class Scheduler:
     def __init__(self, config: SchedulerConfig, pool: BlockPool,
                  block_formulas: Mapping[str, Callable[[int], int]],
-                 slots: SlotTable | None = None):
+                 slots: SlotTable | None = None, layout: Layout | None = None):
         self.config, self.pool, self.slots = config, pool, slots
         self.formulas = dict(block_formulas)
+        self.layout = layout                  # None: no prefix caching
+        self._full = set(layout.full) if layout else set()
         self.waiting: deque[Request] = deque()
         self.running: list[list[Request]] = [[] for _ in range(config.ranks)]
         self._next_rank = 0   # round-robin pointer for admission ties
         self.num_preemptions = 0
+        self.cache_stats = CacheStats.zeros(config.ranks)
+        self._finals: list[Save] = []         # saves of ended requests, for the next step
 
     # -- requests in and out ---------------------------------------------------------
 
@@ -126,7 +189,7 @@ class Scheduler:
         request.stop_reason = stop_reason
 
     def has_work(self) -> bool:
-        return bool(self.waiting) or any(self.running)
+        return bool(self.waiting) or any(self.running) or bool(self._finals)
 
     @property
     def num_running(self) -> int:
@@ -135,7 +198,8 @@ class Scheduler:
     # -- one step --------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
+        out = SchedulerOutput(saves=self._finals)
+        self._finals = []
         budget = [self.config.max_num_batched_tokens] * self.config.ranks
         rows = [self._schedule_decode(rank, out, budget) for rank in range(self.config.ranks)]
         out.decode = self._launches(rows)
@@ -147,6 +211,8 @@ class Scheduler:
                 if request.status is Status.RUNNING:
                     self._schedule_chunk(request, out, budget, used, preempt=True)
         self._admit(out, budget, used)
+        if self.layout is not None:
+            self._save_passed(out)
         return out
 
     def _schedule_decode(self, rank: int, out: SchedulerOutput,
@@ -199,12 +265,14 @@ class Scheduler:
             self._preempt(victim, out)
         self._take(request, need, out)
         out.prefill.append(PrefillChunk(request, used[rank], request.num_computed, length))
+        if self.layout is not None:
+            self._plan_snapshots(request, request.num_computed + length, out)
         used[rank] += 1
         budget[rank] -= length
         return True
 
-    def _chunk_length(self, request: Request, budget: int) -> int:
-        remaining = _prefill_target(request) - request.num_computed
+    def _chunk_length(self, request: Request, budget: int, start: int | None = None) -> int:
+        remaining = _prefill_target(request) - (request.num_computed if start is None else start)
         length = min(remaining, self.config.effective_extent, budget)
         if not self.config.chunked_prefill and length < remaining:
             return 0
@@ -215,39 +283,193 @@ class Scheduler:
             request = self.waiting[0]
             if request in out.preempted:   # not back on the step that preempted it
                 return
-            rank = self._pick_rank(request, budget, used)
-            if rank is None:
+            picked = self._pick_rank(request, budget, used)
+            if picked is None:
                 return
+            rank, hit = picked
             self.waiting.popleft()
             request.status, request.rank = Status.RUNNING, rank
             request.blocks = {g: [] for g in self.formulas}
+            self._inherit(request, hit, out)
             self.running[rank].append(request)
             if self.slots is not None:
                 request.slot, request.slot_generation = self.slots.acquire(rank)
                 out.fresh_slots.append(request)
             self._schedule_chunk(request, out, budget, used)
+            if hit:
+                self._restore(request, hit, out)
 
-    def _pick_rank(self, request: Request, budget: list[int], used: list[int]) -> int | None:
-        """Least-loaded rank that can take the request's first chunk; ties rotate."""
-        ranks = self.config.ranks
-        fits = []
+    def _pick_rank(self, request: Request, budget: list[int],
+                   used: list[int]) -> tuple[int, list[dict[str, int]]] | None:
+        """The rank for the request and its cached prefix there: the least-loaded rank
+        that can take its first chunk (ties rotate), unless a rank holding a longer
+        prefix runs at most `prefix_affinity` requests more."""
+        ranks, full_budget = self.config.ranks, self.config.max_num_batched_tokens
+        fits, later = [], []      # ranks that can take it now; in a step of their own
         for rank in (self._next_rank + i for i in range(ranks)):
             rank %= ranks
-            if self._can_host(request, rank, budget[rank], used[rank]):
-                fits.append(rank)
+            hit = self._lookup(request, rank)
+            if self._can_host(request, rank, budget[rank], used[rank], hit):
+                fits.append((rank, hit))
+            elif hit and self._can_host(request, rank, full_budget, 0, hit):
+                later.append((rank, hit))
         if not fits:
             return None
-        rank = min(fits, key=lambda r: len(self.running[r]))   # stable: first in rotation
-        self._next_rank = (rank + 1) % ranks
-        return rank
+        load = lambda fit: len(self.running[fit[0]])  # noqa: E731
+        least = min(fits, key=load)                       # stable: first in rotation
+        best = max(fits + later, key=lambda fit: (len(fit[1]), -load(fit)))
+        if len(best[1]) <= len(least[1]) \
+                or load(best) - load(least) > self.config.prefix_affinity:
+            best = least
+        elif best not in fits:       # its rank's prefill is full this step: wait for it
+            return None
+        self._next_rank = (best[0] + 1) % ranks
+        return best
 
-    def _can_host(self, request: Request, rank: int, budget: int, used: int) -> bool:
+    def _can_host(self, request: Request, rank: int, budget: int, used: int,
+                  hit: list[dict[str, int]]) -> bool:
         if len(self.running[rank]) >= self.config.max_running_per_rank:
             return False
         if used >= self.config.prefill_slots or (self.slots and not self.slots.can_acquire(rank)):
             return False
-        length = self._chunk_length(request, budget)
-        return length > 0 and self.pool.can_allocate(rank, self._need(request, length))
+        start = len(hit) * self.layout.block_size if hit else 0
+        length = self._chunk_length(request, budget, start)
+        if length <= 0:
+            return False
+        inherited = len(hit)
+        need = {g: max(0, f(start + length) - (inherited if g in self._full else 0))
+                for g, f in self.formulas.items()}
+        return self.pool.can_allocate(rank, need, self._held_by(hit))
+
+    # -- prefix caching --------------------------------------------------------------
+
+    def _lookup(self, request: Request, rank: int) -> list[dict[str, int]]:
+        """The entries of the request's longest cached prefix on `rank`, leaving at least
+        one prompt token to compute."""
+        if self.layout is None:
+            return []
+        count = self.layout.max_blocks(request, _prefill_target(request) - 1)
+        entries = []
+        for key in self.layout.keys(request, count):
+            entry = self.pool.get(rank, key)
+            if entry is None:
+                break
+            entries.append(entry)
+        return entries
+
+    def _held_by(self, hit: list[dict[str, int]]) -> dict[str, list[int]]:
+        """The pages a hit holds: every entry's full pages, the last entry's ring copies
+        (until they are restored)."""
+        if not hit:
+            return {}
+        pages = {g: [e[g] for e in hit] for g in self.layout.full}
+        return pages | {g: [hit[-1][g]] for g in self.layout.ring}
+
+    def _inherit(self, request: Request, hit: list[dict[str, int]],
+                 out: SchedulerOutput) -> None:
+        """Count the lookup; hold a hit's pages and start the request at its boundary."""
+        if self.layout is None:
+            return
+        cached = len(hit) * self.layout.block_size
+        self.cache_stats.add(request.rank, _prefill_target(request), cached)
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = cached
+        if not hit:
+            return
+        held = self._held_by(hit)
+        self.pool.hold(request.rank, held)
+        for g in self.layout.full:
+            request.blocks[g] = held[g]
+        out.pins.append((request.rank, {g: held[g] for g in self.layout.ring}))
+        request.num_computed, request.cached_blocks = cached, len(hit)
+
+    def _restore(self, request: Request, hit: list[dict[str, int]],
+                 out: SchedulerOutput) -> None:
+        """Copy the last hit entry's ring pages into the request's ring, where the rows
+        before its boundary go."""
+        boundary, entry = len(hit) * self.layout.block_size, hit[-1]
+        out.restores += [PageCopy(request.rank, g, entry[g],
+                                  request.blocks[g][self.layout.ring_entry(g, boundary)])
+                         for g in self.layout.ring]
+
+    def _plan_snapshots(self, request: Request, end: int, out: SchedulerOutput) -> None:
+        """Saves of the boundaries a chunk ending at `end` passes (the runner takes them
+        during the prefill)."""
+        b = self.layout.block_size
+        request.cached_blocks = max(request.cached_blocks, request.num_computed // b)
+        while (request.cached_blocks + 1) * b <= end:
+            request.cached_blocks += 1
+            self._save(request, request.rank, request.cached_blocks * b,
+                       self._ring_sources(request, request.cached_blocks * b),
+                       {g: request.blocks[g][request.cached_blocks - 1]
+                        for g in self.layout.full}, out.snapshots)
+
+    def _ring_sources(self, request: Request, boundary: int) -> dict[str, int]:
+        return {g: request.blocks[g][self.layout.ring_entry(g, boundary)]
+                for g in self.layout.ring}
+
+    def _passed(self, request: Request) -> int | None:
+        """The last boundary a computed request passed and has not saved, if its ring
+        still holds it; the ones before it are given up."""
+        layout, b = self.layout, self.layout.block_size
+        boundary = None
+        while (request.cached_blocks + 1) * b + layout.lookahead <= request.num_computed:
+            request.cached_blocks += 1
+            boundary = request.cached_blocks * b
+        if boundary is None or request.num_computed + self.config.k > boundary + layout.reach:
+            return None
+        return boundary
+
+    def _save_passed(self, out: SchedulerOutput) -> None:
+        """Saves of the boundaries decoding requests passed in the last step."""
+        for running in self.running:
+            for request in running:
+                if request.prefilling:
+                    continue
+                boundary = self._passed(request)
+                if boundary is not None:
+                    self._save(request, request.rank, boundary,
+                               self._ring_sources(request, boundary),
+                               {g: request.blocks[g][boundary // self.layout.block_size - 1]
+                                for g in self.layout.full}, out.saves)
+
+    def _keep_final(self, request: Request) -> None:
+        """Before an ending request's pages are freed: a save of the boundary it passed
+        last, taken at the start of the next step (its ring pages are read before any
+        page is cleared or written)."""
+        boundary = self._passed(request)
+        if boundary is not None:
+            self._save(request, request.rank, boundary, self._ring_sources(request, boundary),
+                       {g: request.blocks[g][boundary // self.layout.block_size - 1]
+                        for g in self.layout.full}, self._finals)
+
+    def _save(self, request: Request, rank: int, boundary: int, sources: dict[str, int],
+              full: dict[str, int], saves: list[Save]) -> None:
+        """Plan a save (unless its entry exists or no page is free): new pages for the
+        ring copies; the full pages are held until commit."""
+        j, layout = boundary // self.layout.block_size - 1, self.layout
+        if layout.max_blocks(request, boundary) > j \
+                and self.pool.get(rank, layout.keys(request, j + 1)[j]) is not None:
+            return
+        need = {g: 1 for g in layout.ring}
+        if not self.pool.can_allocate(rank, need):
+            return
+        fresh = {g: ids[0] for g, ids in self.pool.allocate(rank, need).items()}
+        self.pool.hold(rank, {g: [i] for g, i in full.items()})
+        copies = [PageCopy(rank, g, sources[g], fresh[g]) for g in layout.ring]
+        saves.append(Save(request, rank, boundary, copies, full | fresh))
+
+    def _register(self, out: SchedulerOutput) -> None:
+        """After the step: each save whose key the request's tokens now give becomes an
+        entry; every page a copy pinned is let go."""
+        layout = self.layout
+        for save in out.saves + out.snapshots:
+            j = save.boundary // layout.block_size - 1
+            if layout.max_blocks(save.request, save.boundary) > j:
+                self.pool.put(save.rank, layout.keys(save.request, j + 1)[j], save.pages)
+            self.pool.free(save.rank, {g: [i] for g, i in save.pages.items()})
+        for rank, pages in out.pins:
+            self.pool.free(rank, pages)
 
     def commit(self, out: SchedulerOutput,
                results: Mapping[Request, Sequence[int]]) -> dict[Request, list[int]]:
@@ -262,8 +484,11 @@ class Scheduler:
             for request in launch:   # the tail and the accepted drafts are now computed
                 if not request.finished:
                     request.num_computed = request.num_tokens - 1 + len(results[request])
-        return {request: self._append(request, tokens) for request, tokens in results.items()
+        kept = {request: self._append(request, tokens) for request, tokens in results.items()
                 if not request.finished}
+        if self.layout is not None:
+            self._register(out)
+        return kept
 
     def _append(self, request: Request, tokens: Sequence[int]) -> list[int]:
         kept = []
@@ -300,6 +525,8 @@ class Scheduler:
             out.fresh_blocks.setdefault((request.rank, group), []).extend(ids)
 
     def _release(self, request: Request) -> None:
+        if self.layout is not None:
+            self._keep_final(request)
         self.pool.free(request.rank, request.blocks)
         request.blocks = {}
         if request.slot is not None:
@@ -311,6 +538,7 @@ class Scheduler:
         self._release(request)
         self.running[request.rank].remove(request)
         request.status, request.rank, request.num_computed = Status.WAITING, None, 0
+        request.cached_blocks = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from runtime.model_runner import StepResult
-from runtime.scheduler import PrefillChunk, SchedulerOutput
+from runtime.scheduler import PageCopy, PrefillChunk, Save, SchedulerOutput
 
 
 @dataclass
@@ -13,7 +13,7 @@ class Plan:
     """One engine step for every rank, as the core sends it."""
 
     out: SchedulerOutput
-    extent: int | None                       # the main prefill's extent over every rank
+    extents: list[int]                       # the main prefill launches' over every rank
     forget: list[str] = field(default_factory=list)   # requests ended since the last plan
 
 
@@ -42,4 +42,16 @@ def localize(out: SchedulerOutput, rank: int) -> SchedulerOutput:
                  for ch in out.prefill if id(ch.request) in mine],
         fresh_blocks={(0, group): ids for (r, group), ids in out.fresh_blocks.items()
                       if r == rank},
-        fresh_slots=[r for r in out.fresh_slots if id(r) in mine])
+        fresh_slots=[r for r in out.fresh_slots if id(r) in mine],
+        saves=_local_saves(out.saves, rank), restores=_local_copies(out.restores, rank),
+        snapshots=_local_saves(out.snapshots, rank))
+
+
+def _local_copies(copies: list[PageCopy], rank: int) -> list[PageCopy]:
+    return [PageCopy(0, c.group, c.src, c.dst) for c in copies if c.rank == rank]
+
+
+def _local_saves(saves: list[Save], rank: int) -> list[Save]:
+    """A save's request may have ended (its rank cleared): the save keeps its rank."""
+    return [Save(s.request, 0, s.boundary, _local_copies(s.copies, rank), s.pages)
+            for s in saves if s.rank == rank]

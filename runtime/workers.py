@@ -27,7 +27,7 @@ from dataclasses import asdict, replace
 
 import zmq
 
-from runtime.model_runner import StepResult, Timing
+from runtime.model_runner import StepResult, Timing, prefill_extents
 from runtime.parent_watch import arm_death_signal
 from runtime.request import Request
 from runtime.scheduler import SchedulerOutput
@@ -141,9 +141,8 @@ class Workers:
 
     def execute(self, out: SchedulerOutput) -> dict[Request, StepResult]:
         """Run one step on every rank; the results by request."""
-        extent = max((self.contract.dispatch_extent(ch.length) for ch in out.prefill),
-                     default=None)
-        plan = Plan(out, extent, self._forget)
+        plan = Plan(out, prefill_extents(self.contract, out.prefill_launches()),
+                    self._forget)
         self._forget = []
         self.socket.send(pickle.dumps(plan))
         reply: Reply = self._receive("step")

@@ -497,7 +497,7 @@ def _info(state: ServerState) -> Response:
 
 def server_info(state: ServerState) -> dict:
     engine, c = state.engine, state.spec.contract
-    admission, summary = engine.admission, engine.summary()
+    admission, summary, snapshot = engine.admission, engine.summary(), engine.snapshot()
     cap, limits = admission.capacity, admission.limits
     return {
         "spec": state.spec.SPEC_NAME, "spec_path": state.spec.SPEC_PATH,
@@ -524,5 +524,7 @@ def server_info(state: ServerState) -> dict:
                    "max_num_seqs": limits.max_num_seqs,
                    "chunked_prefill": limits.chunked_prefill},
         "mtp": {"enabled": admission.k > 0, "num_speculative_tokens": admission.k},
-        "graphs": engine.snapshot()["graphs"],
+        "graphs": snapshot["graphs"],
+        # prompt tokens looked up and found; per rank: hit rate and cached blocks
+        "prefix_cache": snapshot["prefix_cache"],
     }

@@ -72,6 +72,10 @@ class _EngineCollector:
                     snap["draft_tokens"]),
             counter("vllm:spec_decode_num_accepted_tokens", "MTP accepted draft tokens",
                     snap["accepted_tokens"]),
+            counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                    snap["prefix_cache"]["queries"]),
+            counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache",
+                    snap["prefix_cache"]["hits"]),
         ]
         dispatches = CounterMetricFamily("v4serve:dispatches", "Kernel launches by kernel",
                                          labels=["model_name", "kernel"])

@@ -18,8 +18,11 @@ class ChoiceState:
     logprobs: list = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    cached_tokens: int = 0            # of the prompt, found in the prefix cache
 
     def add(self, out: RequestOutput) -> None:
+        if out.num_cached_tokens is not None:
+            self.cached_tokens = out.num_cached_tokens
         self.text += out.new_text
         self.token_ids += out.new_ids
         self.logprobs += out.logprobs
@@ -80,9 +83,11 @@ def _chat_logprobs(items, tokenizer) -> dict:
 def usage(states: list[ChoiceState], n: int) -> dict:
     """Prompt tokens count once per prompt; completion tokens over every choice."""
     prompt = sum(s.prompt_tokens for s in states if s.index % n == 0)
+    cached = sum(s.cached_tokens for s in states if s.index % n == 0)
     completion = sum(len(s.token_ids) for s in states)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def completion_response(meta: dict, states: list[ChoiceState], echo: list[str], n: int,

@@ -14,6 +14,7 @@ import generated
 from runtime import capacity
 from runtime.cli import default_model
 from runtime.engine import ConfigError, Engine, EngineConfig
+from runtime.prefix_cache import Layout
 from runtime.request import Request
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import PrefillChunk, SchedulerOutput
@@ -88,7 +89,8 @@ def test_a_rank_holds_the_replicated_weights_and_its_own_experts_only():
 
 def _config(k: int, executor: str, **more) -> EngineConfig:
     running = 8 if k else 16
-    tight = capacity.bytes_for(TINY.pools.GROUPS, running, 128 * 8)   # 64 prompts preempt
+    copies = Layout.of(TINY.pools.GROUPS, TINY.architecture.CONFIG, 128, k).copies
+    tight = capacity.bytes_for(TINY.pools.GROUPS, running, 128 * 8, copies)  # 64 preempt
     return EngineConfig(spec="tiny", model=MODEL, num_speculative_tokens=k,
                         enforce_eager=True, long_prefill_token_threshold=128,
                         kv_cache_memory=tight, max_model_len=1024, worker_threads=1,
@@ -97,10 +99,13 @@ def _config(k: int, executor: str, **more) -> EngineConfig:
 
 def _workload(k: int) -> list[tuple[list[str | list[int]], SamplingParams]]:
     """Code prompts; with MTP (the suite's time allows one K) also prompts chunked at 128
-    (crossing tile and block edges) and 64 at once, which preempt under the tight pools."""
+    (crossing tile and block edges), prompts that hit the cached blocks of the 600-token
+    one, and 64 at once, which preempt under the tight pools."""
     if not k:
         return [(CODE, GREEDY)]
+    shared = random_prompt(600, 600)
     return [(CODE, GREEDY), ([random_prompt(n, n) for n in (127, 129, 257, 600)], GREEDY),
+            ([shared[:n] + random_prompt(9, n) for n in (300, 600)], GREEDY),
             ([random_prompt(120, i) for i in range(64)],
              SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))]
 
@@ -108,25 +113,27 @@ def _workload(k: int) -> list[tuple[list[str | list[int]], SamplingParams]]:
 @pytest.fixture(scope="module", params=[0, 1], ids=["mtp-off", "mtp-on"])
 def runs(request):
     """(single-process outputs, mp outputs, mp engine) of the workload, per K."""
-    k, outputs = request.param, {}
+    k, outputs, hits = request.param, {}, {}
     for executor in ("uni", "mp"):
         engine = Engine.build(_config(k, executor))
         try:
             outputs[executor] = [[o.output_ids for o in engine.generate(p, s)]
                                  for p, s in _workload(k)]
             info, preempted = engine.summary(), engine.scheduler.num_preemptions
+            hits[executor] = engine.prefix_cache_info()["hits"]
             assert_all_free(engine)
         finally:
             engine.close()
-    return outputs["uni"], outputs["mp"], info, preempted
+    return outputs["uni"], outputs["mp"], info, preempted, hits
 
 
 @pytest.mark.slow
 def test_eight_gloo_workers_give_the_single_process_outputs(runs):
-    uni, mp, _, preempted = runs
+    uni, mp, _, preempted, hits = runs
     for part, (one, many) in enumerate(zip(uni, mp)):
         assert many == one, f"workload part {part}"
     assert preempted > 0 or len(uni) < 3      # the 64 prompts were preempted and resumed
+    assert hits["mp"] == hits["uni"] and (hits["mp"] > 0 or len(uni) < 3)   # prefix hits
 
 
 @pytest.mark.slow

@@ -49,7 +49,9 @@ def test_chunk_boundaries_do_not_change_greedy_output(params, solo, extent, back
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_an_8191_token_prompt_is_one_main_prefill_dispatch(params, backend):
-    engine = make_engine(params, num_speculative_tokens=0, backend=backend)
+    """Without prefix caching (which splits a prefill where it saves a block boundary)."""
+    engine = make_engine(params, num_speculative_tokens=0, backend=backend,
+                         enable_prefix_caching=False)
     [output] = engine.generate([random_prompt(8191, 0)], SamplingParams(temperature=0,
                                                                         max_tokens=2))
     assert engine.dispatches["prefill_main"] == 1
@@ -57,7 +59,8 @@ def test_an_8191_token_prompt_is_one_main_prefill_dispatch(params, backend):
 
 
 def test_chunk_count_follows_the_lowered_extent(params):
-    engine = make_engine(params, long_prefill_token_threshold=256, num_speculative_tokens=0)
+    engine = make_engine(params, long_prefill_token_threshold=256, num_speculative_tokens=0,
+                         enable_prefix_caching=False)
     engine.generate([random_prompt(1000, 1)], SamplingParams(temperature=0, max_tokens=1))
     assert engine.dispatches["prefill_main"] == 4   # 256 + 256 + 256 + 232
 
@@ -121,7 +124,7 @@ def test_preemption_under_pool_pressure_keeps_every_output(params, k, backend):
     running = 8 if k else 16                     # the rank's decode capacity for this K
     tight = capacity.bytes_for(REF.pools.GROUPS, running, 128 * 8)
     engine = make_engine(params, num_speculative_tokens=k, kv_cache_memory=tight,
-                         max_model_len=1024, backend=backend)
+                         max_model_len=1024, backend=backend, enable_prefix_caching=False)
     pressed = engine.generate(prompts, many)
     assert engine.scheduler.num_preemptions > 0
     assert [o.output_ids for o in pressed] == [o.output_ids for o in calm]
@@ -182,7 +185,8 @@ def test_preempted_requests_come_back_with_a_new_slot_generation(params):
     prompts = [random_prompt(120, i) for i in range(64)]
     tight = capacity.bytes_for(REF.pools.GROUPS, 8, 128 * 8)
     engine = make_engine(params, num_speculative_tokens=1, kv_cache_memory=tight,
-                         max_model_len=1024, backend="compiled-eager")
+                         max_model_len=1024, backend="compiled-eager",
+                         enable_prefix_caching=False)
     handed: dict[tuple[int, int], list[int]] = {}
     acquire = engine.scheduler.slots.acquire
 
