@@ -135,3 +135,34 @@ def test_chat_whole_and_streamed(client):
 def test_models_lists_the_served_model(client, live):
     [model] = client.models.list().data
     assert model.id == "tiny" and model.model_extra["max_model_len"] == 16384
+
+
+def test_a_resent_prefix_is_reported_cached_in_usage_metrics_and_info(client, live):
+    """The second request shares the first's 300 prompt tokens: 256 of them (two whole
+    blocks, the token after each shared with MTP's lookahead) come from the cache."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.runtime.engine_support import random_prompt
+
+    shared = random_prompt(300, 21)
+    first = client.completions.create(model="tiny", prompt=shared + [5], max_tokens=2,
+                                      temperature=0)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    again = client.completions.create(model="tiny", prompt=shared + [9, 9], max_tokens=2,
+                                      temperature=0)
+    assert again.usage.prompt_tokens_details.cached_tokens == 256
+    streamed = list(client.completions.create(
+        model="tiny", prompt=shared + [7], max_tokens=2, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    assert streamed[-1].usage.prompt_tokens_details.cached_tokens == 256
+    families = {f.name: f.samples for f in
+                text_string_to_metric_families(httpx.get(f"{live.url}/metrics").text)}
+    queries = sum(s.value for s in families["vllm:prefix_cache_queries"])
+    hits = sum(s.value for s in families["vllm:prefix_cache_hits"])
+    assert hits >= 512 and queries >= 3 * 300
+    info = httpx.get(f"{live.url}/server_info").json()["prefix_cache"]
+    assert info["enabled"] and len(info["ranks"]) == 8
+    assert sum(r["hits"] for r in info["ranks"]) == info["hits"] == hits
+    assert max(r["cached_blocks"] for r in info["ranks"]) >= 2
+    assert max(r["hit_rate"] for r in info["ranks"]) > 0
