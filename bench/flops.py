@@ -64,7 +64,7 @@ def sgemm_gflops(params: ModelParams, rows: int, repeats: int = 10) -> float:
 
 def engine_gflop(spec: str, model: Path, batch: list[list[int]], max_tokens: int) -> float:
     engine = Engine.build(EngineConfig(spec=spec, model=model, num_speculative_tokens=0,
-                                       enforce_eager=True))
+                                       enforce_eager=True, enable_prefix_caching=False))
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     with FlopCounterMode(display=False) as counter:
         engine.generate(batch, params)
@@ -126,7 +126,7 @@ def main() -> None:
     tokens = args.concurrency * args.max_tokens
     hf_seconds = tokens / run_transformers(hf, batch, args.max_tokens)
     engine = Engine.build(EngineConfig(spec=args.spec, model=args.model,
-                                       num_speculative_tokens=0))
+                                       num_speculative_tokens=0, enable_prefix_caching=False))
     engine.warmup()
     ours_seconds = tokens / decode_row(engine, batch, args.max_tokens)["tok/s"]
     budget = hf_seconds / args.target

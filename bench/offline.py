@@ -48,9 +48,11 @@ def prompts(n: int, length: int, model: Path) -> list[list[int]]:
 
 
 def build(args, backend: str, k: int, executor: str = "uni") -> Engine:
+    # the prompts repeat (held-out files, cycled): with prefix caching the figures would
+    # measure reuse, which bench/prefix.py measures; here every prompt is computed
     config = EngineConfig(spec=args.spec, model=args.model, num_speculative_tokens=k,
                           backend=backend, device=args.device,
-                          distributed_executor_backend=executor)
+                          distributed_executor_backend=executor, enable_prefix_caching=False)
     engine = Engine.build(config)
     start = time.perf_counter()
     seconds = engine.warmup()

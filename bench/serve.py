@@ -1,6 +1,7 @@
 """Serving benchmark: starts `python -m server` (MTP off, then on), sends streaming
 completions at several concurrencies over loopback, and prints TTFT, TPOT, ITL and E2E
-(mean, p50, p99 in ms) with request and output throughput; beside each row, the offline
+(mean, p50, p99 in ms) with request and output throughput, prefix caching off (the
+prompts repeat; bench/prefix.py measures the cache); beside each row, the offline
 engine's output throughput on the same prompts at the same concurrency: run in this
 process just before and just after the served level (the mean of the two), never while
 the server works, so that the machine's drift between runs is not read as the server's.
@@ -119,7 +120,8 @@ def offline_engine(spec: str, model: Path, k: int):
     from runtime.engine import Engine, EngineConfig
     from runtime.sampling_params import SamplingParams
 
-    engine = Engine.build(EngineConfig(spec=spec, model=model, num_speculative_tokens=k))
+    engine = Engine.build(EngineConfig(spec=spec, model=model, num_speculative_tokens=k,
+                                       enable_prefix_caching=False))
     engine.warmup()
     engine.generate([[2] * 8], SamplingParams(temperature=0, max_tokens=4))
     return engine
@@ -181,7 +183,8 @@ def main() -> None:
     levels = [int(x) for x in args.concurrency.split(",")]
     for k in (0, 1):
         engine = offline_engine(args.spec, args.model, k)
-        proc = start_server(args.spec, args.model, args.port, k)
+        proc = start_server(args.spec, args.model, args.port, k,
+                            "--no-enable-prefix-caching")   # the prompts repeat: see prefix.py
         try:
             for c in levels:
                 before = offline(engine, prompts, c, args.max_tokens)

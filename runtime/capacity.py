@@ -5,9 +5,8 @@ request, so they are sized for the most requests a rank runs at once. The full g
 (compressed entries) then share what is left so that each holds the same number of
 tokens T: the largest T whose pages, ceil(T / tokens per page) per group, fit.
 
-With prefix caching, a ring group whose rows a block boundary needs also keeps one page
-per cached block (`copies`: group -> block size): ceil(T / block size) more pages, so
-that all T tokens of history can stay cached.
+With prefix caching, a ring group whose rows a block boundary needs also keeps pages for
+cached blocks (`copies`: group -> tokens of history per page): ceil(T / that) more.
 """
 from __future__ import annotations
 

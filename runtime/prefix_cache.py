@@ -39,6 +39,13 @@ class Group(Protocol):
     ring_pages: int | None
 
 
+# Ring copies are the price of a cached block (a sliding-window page is a block's full,
+# uncompressed KV): the pools keep copy pages for one block in COPY_SHARE of the history
+# they hold, so that caching costs about twice the memory per token of history, not ten
+# times, and the cache holds up to 1/COPY_SHARE of that history in prefixes.
+COPY_SHARE = 8
+
+
 class Unsupported(ValueError):
     """A spec whose pages do not line up with its blocks: no prefix caching."""
 
@@ -81,9 +88,9 @@ class Layout:
 
     @property
     def copies(self) -> dict[str, int]:
-        """Ring groups that keep a page per cached block: group -> block size (what
-        runtime/capacity.py sizes them by)."""
-        return {g: self.block_size for g in self.ring}
+        """Ring groups that keep pages of cached blocks: group -> tokens of history per
+        page (what runtime/capacity.py sizes them by)."""
+        return {g: self.block_size * COPY_SHARE for g in self.ring}
 
     def ring_entry(self, group: str, boundary: int) -> int:
         """The ring-table entry whose page holds the rows just before `boundary`."""

@@ -288,7 +288,7 @@ def test_a_preempted_request_hits_its_own_blocks_when_it_comes_back(params):
     131 needs a second CSA block, which only preemption frees. No two prompts share a
     prefix: the hits are re-admitted requests finding the block they saved."""
     prompts = [random_prompt(120, 70 + i) for i in range(64)]
-    many = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    many = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     calm = make_engine(params, num_speculative_tokens=1, backend="compiled-eager")
     expected = [o.output_ids for o in calm.generate(prompts, many)]
     tight = capacity.bytes_for(REF.pools.GROUPS, 8, 128 * 8, _layout().copies)
