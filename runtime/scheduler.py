@@ -399,14 +399,7 @@ class Scheduler:
         request.cached_blocks = max(request.cached_blocks, request.num_computed // b)
         while (request.cached_blocks + 1) * b <= end:
             request.cached_blocks += 1
-            self._save(request, request.rank, request.cached_blocks * b,
-                       self._ring_sources(request, request.cached_blocks * b),
-                       {g: request.blocks[g][request.cached_blocks - 1]
-                        for g in self.layout.full}, out.snapshots)
-
-    def _ring_sources(self, request: Request, boundary: int) -> dict[str, int]:
-        return {g: request.blocks[g][self.layout.ring_entry(g, boundary)]
-                for g in self.layout.ring}
+            self._save(request, request.cached_blocks * b, out.snapshots)
 
     def _passed(self, request: Request) -> int | None:
         """The last boundary a computed request passed and has not saved, if its ring
@@ -424,14 +417,9 @@ class Scheduler:
         """Saves of the boundaries decoding requests passed in the last step."""
         for running in self.running:
             for request in running:
-                if request.prefilling:
-                    continue
-                boundary = self._passed(request)
+                boundary = None if request.prefilling else self._passed(request)
                 if boundary is not None:
-                    self._save(request, request.rank, boundary,
-                               self._ring_sources(request, boundary),
-                               {g: request.blocks[g][boundary // self.layout.block_size - 1]
-                                for g in self.layout.full}, out.saves)
+                    self._save(request, boundary, out.saves)
 
     def _keep_final(self, request: Request) -> None:
         """Before an ending request's pages are freed: a save of the boundary it passed
@@ -439,15 +427,14 @@ class Scheduler:
         page is cleared or written)."""
         boundary = self._passed(request)
         if boundary is not None:
-            self._save(request, request.rank, boundary, self._ring_sources(request, boundary),
-                       {g: request.blocks[g][boundary // self.layout.block_size - 1]
-                        for g in self.layout.full}, self._finals)
+            self._save(request, boundary, self._finals)
 
-    def _save(self, request: Request, rank: int, boundary: int, sources: dict[str, int],
-              full: dict[str, int], saves: list[Save]) -> None:
-        """Plan a save (unless its entry exists or no page is free): new pages for the
-        ring copies; the full pages are held until commit."""
-        j, layout = boundary // self.layout.block_size - 1, self.layout
+    def _save(self, request: Request, boundary: int, saves: list[Save]) -> None:
+        """Plan a save of the request's state at `boundary` (unless its entry exists or
+        no page is free): new pages for the ring copies; its full pages of the block
+        before `boundary` are held until commit."""
+        layout, rank = self.layout, request.rank
+        j = boundary // layout.block_size - 1
         if layout.max_blocks(request, boundary) > j \
                 and self.pool.get(rank, layout.keys(request, j + 1)[j]) is not None:
             return
@@ -455,8 +442,10 @@ class Scheduler:
         if not self.pool.can_allocate(rank, need):
             return
         fresh = {g: ids[0] for g, ids in self.pool.allocate(rank, need).items()}
+        full = {g: request.blocks[g][j] for g in layout.full}
         self.pool.hold(rank, {g: [i] for g, i in full.items()})
-        copies = [PageCopy(rank, g, sources[g], fresh[g]) for g in layout.ring]
+        copies = [PageCopy(rank, g, request.blocks[g][layout.ring_entry(g, boundary)],
+                           fresh[g]) for g in layout.ring]
         saves.append(Save(request, rank, boundary, copies, full | fresh))
 
     def _register(self, out: SchedulerOutput) -> None:

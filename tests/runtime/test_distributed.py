@@ -99,13 +99,13 @@ def _config(k: int, executor: str, **more) -> EngineConfig:
 
 def _workload(k: int) -> list[tuple[list[str | list[int]], SamplingParams]]:
     """Code prompts; with MTP (the suite's time allows one K) also prompts chunked at 128
-    (crossing tile and block edges), prompts that hit the cached blocks of the 600-token
+    (crossing tile and block edges), a prompt that hits the cached blocks of the 600-token
     one, and 64 at once, which preempt under the tight pools."""
     if not k:
         return [(CODE, GREEDY)]
     shared = random_prompt(600, 600)
     return [(CODE, GREEDY), ([random_prompt(n, n) for n in (127, 129, 257, 600)], GREEDY),
-            ([shared[:n] + random_prompt(9, n) for n in (300, 600)], GREEDY),
+            ([shared[:450] + random_prompt(9, 450)], GREEDY),
             ([random_prompt(120, i) for i in range(64)],
              SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))]
 
