@@ -129,7 +129,7 @@ class ModelRunner:
         self._seeds.pop(request_id, None)
 
     def _copy_pages(self, copies: list[PageCopy]) -> None:
-        """Page src := page dst in every layer of each copy's group; all the reads of a
+        """Page dst := page src in every layer of each copy's group; all the reads of a
         group come before its writes."""
         by_group: dict[str, list[PageCopy]] = {}
         for c in copies:
