@@ -112,11 +112,14 @@ class PenaltyState:
 
 
 def adjusted(logits: torch.Tensor, rows: RowParams, counts: torch.Tensor | None,
-             seen: torch.Tensor | None) -> torch.Tensor:
-    """logits [N, V] -> float32 with each row's bias and penalties."""
+             seen: torch.Tensor | None, allowed: torch.Tensor | None = None) -> torch.Tensor:
+    """logits [N, V] -> float32 with each row's bias and penalties, and -inf wherever
+    the row's grammar mask `allowed` [N, V] bool is False."""
     logits = logits.float()
     ids = rows.bias_ids.clamp(min=0)
     logits = logits.scatter_add(1, ids, torch.where(rows.bias_ids >= 0, rows.bias, 0.0))
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
     if counts is None:
         return logits
     rep = rows.repetition[:, None]
@@ -184,10 +187,12 @@ def _greedy(rows: RowParams) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, rows: RowParams, counts: torch.Tensor | None,
-           seen: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per row [N] from logits [N, V], and whether the row's distribution was
-    sound (some finite, positive mass; else the token means nothing)."""
-    logits = adjusted(logits, rows, counts, seen)
+           seen: torch.Tensor | None, allowed: torch.Tensor | None = None
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row [N] from logits [N, V] (only tokens `allowed` [N, V], if given),
+    and whether the row's distribution was sound (some finite, positive mass; else the
+    token means nothing)."""
+    logits = adjusted(logits, rows, counts, seen, allowed)
     if rows.greedy:
         return logits.argmax(-1), torch.isfinite(logits).any(-1)
     probs = probabilities(logits, rows)
@@ -198,15 +203,17 @@ def sample(logits: torch.Tensor, rows: RowParams, counts: torch.Tensor | None,
 
 
 def verify(logits: torch.Tensor, draft: torch.Tensor, rows: RowParams,
-           counts: torch.Tensor | None, seen: torch.Tensor | None
+           counts: torch.Tensor | None, seen: torch.Tensor | None,
+           allowed: torch.Tensor | None = None
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows [tail, draft] of a fused MTP step: logits [N, 2, V], drafts [N] ->
     (tokens [N, 2], accepted [N] bool, sound [N] bool): [draft, bonus] if the draft is
     kept, else [target, -]. Lossless: a kept draft is a draw from p, a rejection draws
-    from p with the draft removed."""
-    first = adjusted(logits[:, 0], rows, counts, seen)
+    from p with the draft removed. allowed [N, 2, V]: each row's grammar mask at the tail
+    and after the draft."""
+    first = adjusted(logits[:, 0], rows, counts, seen, _at(allowed, 0))
     if rows.greedy:
-        return _verify_greedy(logits, first, draft, rows, counts, seen)
+        return _verify_greedy(logits, first, draft, rows, counts, seen, _at(allowed, 1))
     probs = probabilities(first, rows)
     u = uniform(rows.seed, rows.counter, probs.shape[1] + 1)[:, -1]     # a lane of its own
     p_draft = probs.gather(1, draft[:, None])[:, 0]
@@ -222,15 +229,20 @@ def verify(logits: torch.Tensor, draft: torch.Tensor, rows: RowParams,
         one = torch.zeros_like(counts).scatter_(1, draft[:, None], 1)
         counts, seen = counts + one, seen | one.bool()
     after = replace(rows, counter=rows.counter + 1)
-    bonus, sound = sample(logits[:, 1], after, counts, seen)
+    bonus, sound = sample(logits[:, 1], after, counts, seen, _at(allowed, 1))
     sound = sound & torch.where(greedy, torch.isfinite(first).any(-1),
                                 torch.isfinite(probs).all(-1))
     tokens = torch.stack((torch.where(kept, draft, target), bonus), dim=1)
     return tokens, kept, sound
 
 
+def _at(allowed: torch.Tensor | None, row: int) -> torch.Tensor | None:
+    return None if allowed is None else allowed[:, row]
+
+
 def _verify_greedy(logits: torch.Tensor, first: torch.Tensor, draft: torch.Tensor,
-                   rows: RowParams, counts: torch.Tensor | None, seen: torch.Tensor | None
+                   rows: RowParams, counts: torch.Tensor | None, seen: torch.Tensor | None,
+                   allowed: torch.Tensor | None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """verify() when every row is greedy: the draft is kept exactly when it is the argmax."""
     target = first.argmax(-1)
@@ -238,9 +250,17 @@ def _verify_greedy(logits: torch.Tensor, first: torch.Tensor, draft: torch.Tenso
     if counts is not None:
         one = torch.zeros_like(counts).scatter_(1, draft[:, None], 1)
         counts, seen = counts + one, seen | one.bool()
-    bonus, sound = sample(logits[:, 1], rows, counts, seen)
+    bonus, sound = sample(logits[:, 1], rows, counts, seen, allowed)
     sound = sound & torch.isfinite(first).any(-1)
     return torch.stack((torch.where(kept, draft, target), bonus), dim=1), kept, sound
+
+
+def unpack_mask(words: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Grammar bitmasks [..., ceil(V / 32)] int32 -> allowed [..., V] bool (bit t % 32 of
+    word t // 32 is token t)."""
+    bits = torch.arange(32, device=words.device, dtype=torch.int32)
+    allowed = (words[..., None] >> bits) & 1
+    return allowed.reshape(*words.shape[:-1], -1)[..., :vocab].bool()
 
 
 def logprobs(logits: torch.Tensor, tokens: torch.Tensor,

@@ -108,6 +108,7 @@ class Engine:
             if config.defer_compile and hasattr(self.runner.decode.backend, "defer"):
                 self.runner.decode.backend.defer = True
             self.runner.max_logprobs = config.max_logprobs
+            self.runner.checkpoint = Path(config.model)
         self.stats = Stats()
         self.requests: dict[str, Request] = {}
         self._detok: dict[str, Detokenizer] = {}

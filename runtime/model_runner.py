@@ -23,6 +23,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 
 import numpy as np
@@ -30,9 +31,11 @@ import torch
 
 from runtime import batch_sampler
 from runtime.batch_sampler import PenaltyState, RowParamsBuilder
+from runtime.grammar import GrammarError, TokenMasks, Vocabulary
 from runtime.model.params import ModelParams
 from runtime.request import Request
 from runtime.scheduler import PageCopy, PrefillChunk, Save, SchedulerOutput
+from runtime.tokenizer import Tokenizer
 
 
 class SamplingFailure(RuntimeError):
@@ -101,6 +104,8 @@ class ModelRunner:
         self.timing = Timing()
         self._seeds: dict[str, int] = {}
         self._rng = random.Random()
+        self.checkpoint: Path | None = None      # its tokenizer, for structured outputs
+        self._masks: TokenMasks | None = None
 
     # -- the step --------------------------------------------------------------------
 
@@ -127,6 +132,8 @@ class ModelRunner:
 
     def forget(self, request_id: str) -> None:
         self._seeds.pop(request_id, None)
+        if self._masks is not None:
+            self._masks.forget(request_id)
 
     def _copy_pages(self, copies: list[PageCopy]) -> None:
         """Page dst := page src in every layer of each copy's group; all the reads of a
@@ -285,7 +292,9 @@ class ModelRunner:
         logits = out.logits.view(-1, *out.logits.shape[2:])[flat]            # [n, 2, V]
         draft = out.draft_ids.view(-1, out.draft_ids.shape[-1])[flat][:, 0]
         counts, seen = self._penalties_of(rows_params)
-        tokens, kept, sound = batch_sampler.verify(logits, draft, rows_params, counts, seen)
+        allowed = self._allowed_after_draft([r for r, _ in requests], draft)
+        tokens, kept, sound = batch_sampler.verify(logits, draft, rows_params, counts, seen,
+                                                   allowed)
         self._advance_slots([r for r, _ in requests], tokens, kept,
                             out.hidden.view(-1, *out.hidden.shape[2:])[flat])
         count = 1 + kept.long()
@@ -420,6 +429,8 @@ class ModelRunner:
 
     def _row(self, request: Request) -> tuple:
         """(params, seed, output index, state slot) of a request's sampling row."""
+        if request.params.structured is not None:
+            self._token_masks().follow(request)      # a grammar that fails, fails here
         return (request.params, self._seed(request), len(request.output_ids),
                 self._state(request))
 
@@ -451,7 +462,8 @@ class ModelRunner:
             return []
         logits = logits[torch.tensor([i for _, i in ok], device=self.device)]
         counts, seen = self._penalties_of(rows_params)
-        token, sound = batch_sampler.sample(logits, rows_params, counts, seen)
+        token, sound = batch_sampler.sample(logits, rows_params, counts, seen,
+                                            self._allowed([r for r, _ in ok]))
         tokens = token[:, None]
         count = torch.ones_like(token)
         self._count_penalties(rows_params, tokens, count)
@@ -459,6 +471,45 @@ class ModelRunner:
         kept = [r for r, _ in ok]
         return [_Sampled(kept, tokens, count, sound, 0,
                          logits[:, None] if self._logprobs_wanted(ok) else None)]
+
+    # -- structured outputs ----------------------------------------------------------
+
+    def _token_masks(self) -> TokenMasks:
+        if self._masks is None:
+            self._masks = TokenMasks(self._vocabulary())
+        return self._masks
+
+    def _vocabulary(self) -> Vocabulary:
+        path = self.checkpoint / "tokenizer.json" if self.checkpoint else None
+        if path is None or not path.exists():
+            raise GrammarError("structured outputs need the checkpoint's tokenizer.json")
+        eos = Tokenizer(self.checkpoint).eos_id
+        config = self.spec.architecture.CONFIG
+        return Vocabulary(path, config["vocab_size"],
+                          config.get("eos_token_id") if eos is None else eos)
+
+    def _allowed(self, requests: list[Request]) -> torch.Tensor | None:
+        """[n, V] bool: the tokens each row may take next (None: no row is constrained)."""
+        if all(r.params.structured is None for r in requests):
+            return None
+        masks = self._token_masks()
+        return self._unpack(masks.masks(requests))
+
+    def _allowed_after_draft(self, requests: list[Request],
+                             draft: torch.Tensor) -> torch.Tensor | None:
+        """[n, 2, V] bool for fused MTP rows: the mask at the tail and the mask after the
+        draft. The drafts of constrained rows come to the host for it (one small copy,
+        only in a step that has such a row)."""
+        now = self._allowed(requests)
+        if now is None:
+            return None
+        drafts = draft.tolist()
+        later = self._unpack(self._token_masks().draft_masks(requests, drafts))
+        return torch.stack((now, later), dim=1)
+
+    def _unpack(self, masks: np.ndarray) -> torch.Tensor:
+        words = torch.from_numpy(masks).to(self.device)
+        return batch_sampler.unpack_mask(words, self.spec.architecture.CONFIG["vocab_size"])
 
     def _logprobs_wanted(self, rows) -> bool:
         return any(r.params.logprobs is not None for r, _ in rows)

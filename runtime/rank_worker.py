@@ -25,6 +25,7 @@ import logging
 import os
 import pickle
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -72,6 +73,7 @@ class RankWorker:
         self.runner = ModelRunner(spec, self.params, admission.capacity.blocks, admission.k,
                                   _backend(config, spec), self.device, ranks=1)
         self.runner.max_logprobs = config.max_logprobs
+        self.runner.checkpoint = Path(config.model)
         self.pool_bytes = admission.capacity.bytes
 
     def info(self) -> dict:

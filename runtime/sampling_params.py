@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from runtime.grammar import StructuredOutputs
+
 SAMPLING_EPS = 1e-5        # a temperature below this is greedy (vLLM's rule)
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1      # a signed 64-bit seed, as vLLM accepts
 MAX_LOGIT_BIAS = 100.0     # OpenAI's range for logit_bias values
@@ -38,6 +40,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None       # top-n log-probs per generated token
     logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, bias) added to the logits
+    structured: StructuredOutputs | None = None       # what the output must match
 
     def __post_init__(self) -> None:
         for param, message in self._problems():
@@ -63,6 +66,8 @@ class SamplingParams:
         if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
             yield "logprobs", f"logprobs must be a non-negative integer, got {self.logprobs}"
         yield from _logit_bias_problems(self.logit_bias)
+        if self.structured is not None and not isinstance(self.structured, StructuredOutputs):
+            yield "structured_outputs", "structured must be a StructuredOutputs"
 
     @property
     def greedy(self) -> bool:

@@ -10,6 +10,7 @@ from tokenizers import Tokenizer as _HFTokenizer
 class Tokenizer:
     def __init__(self, directory: str | Path):
         directory = Path(directory)
+        self.path = directory / "tokenizer.json"
         self._tok = _HFTokenizer.from_file(str(directory / "tokenizer.json"))
         config_path = directory / "tokenizer_config.json"
         self.config = json.loads(config_path.read_text()) if config_path.exists() else {}
@@ -32,6 +33,10 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_id(self, token: str) -> int | None:
+        """The id of a token of the vocabulary (added tokens included), else None."""
+        return self._tok.token_to_id(token)
 
     def token_text(self, token_id: int) -> str:
         return self._tok.id_to_token(token_id) or ""

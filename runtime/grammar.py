@@ -1,0 +1,158 @@
+"""Structured outputs: a request's constraint on its output, as a token mask per sampled row.
+
+A constraint (StructuredOutputs: a JSON schema, any JSON object, a regex, a choice of
+strings or a Lark/GBNF grammar) compiles to an llguidance grammar; llguidance's matcher
+follows the output token by token and gives, for the next position, a bitmask over the
+vocabulary ([ceil(V / 32)] int32, bit t of word t // 32 set = token t allowed). The sampler
+sets every disallowed logit to -inf (runtime/batch_sampler.py), so the mask changes which
+token is drawn, never how: greedy, seeded draws and MTP verification stay what they are on
+the masked distribution.
+
+Torch-free: masks are numpy arrays here; the runner moves them to the device.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import llguidance
+import numpy as np
+
+# JSON as a model writes it: one space after ':' and ',', no free whitespace (a model that
+# may add whitespace anywhere can spend its whole budget on it)
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+ANY_OBJECT = '{"type": "object"}'
+
+
+class GrammarError(ValueError):
+    """A constraint that does not compile; the message says why."""
+
+
+@dataclass(frozen=True)
+class StructuredOutputs:
+    """What a request's output must match: exactly one field is set (vLLM's names)."""
+
+    json: str | None = None                 # a JSON schema, as JSON text
+    json_object: bool = False               # any JSON object
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None   # exactly one of these strings
+    grammar: str | None = None              # a Lark (llguidance) or GBNF grammar
+
+    def __post_init__(self) -> None:
+        given = [f.name for f in fields(self) if getattr(self, f.name) not in (None, False)]
+        if len(given) != 1:
+            raise GrammarError("structured outputs take exactly one of json, json_object, "
+                               f"regex, choice or grammar; got {given or 'none'}")
+
+    def definition(self) -> str:
+        """The llguidance grammar text of this constraint (not yet checked)."""
+        if self.json is not None or self.json_object:
+            schema = self.json if self.json is not None else ANY_OBJECT
+            try:
+                json.loads(schema)
+            except ValueError as exc:
+                raise GrammarError(f"the JSON schema is not valid JSON: {exc}") from None
+            return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+        if self.regex is not None:
+            return llguidance.LLMatcher.grammar_from_regex(self.regex)
+        if self.choice is not None:
+            if not self.choice or any(not isinstance(c, str) or not c for c in self.choice):
+                raise GrammarError("a choice must list one or more non-empty strings")
+            return llguidance.LLMatcher.grammar_from_lark(
+                "start: " + " | ".join(json.dumps(c) for c in self.choice))
+        try:
+            return llguidance.grammar_from("grammar", self.grammar)
+        except ValueError as exc:
+            raise GrammarError(str(exc)) from None
+
+
+class Vocabulary:
+    """The checkpoint's tokenizer as llguidance sees it, with the model's vocabulary width
+    (ids past the tokenizer's are never allowed) and its end-of-sequence token."""
+
+    def __init__(self, tokenizer_json: Path, vocab_size: int, eos_id: int | None):
+        text = Path(tokenizer_json).read_text()
+        self.vocab_size = vocab_size
+        self.words = (vocab_size + 31) // 32
+        try:
+            self.tokenizer = llguidance.LLTokenizer(text, n_vocab=vocab_size, eos_token=eos_id)
+        except ValueError as exc:
+            raise GrammarError(f"structured outputs cannot read this checkpoint's "
+                               f"tokenizer: {exc}") from None
+
+    def check(self, constraint: StructuredOutputs) -> None:
+        """GrammarError if the constraint does not compile for this vocabulary."""
+        error = llguidance.LLMatcher.validate_grammar(constraint.definition(), self.tokenizer)
+        if error:
+            raise GrammarError(error.strip().splitlines()[0])
+
+    def matcher(self, constraint: StructuredOutputs) -> llguidance.LLMatcher:
+        matcher = llguidance.LLMatcher(self.tokenizer, constraint.definition(), log_level=0)
+        if matcher.is_error():
+            raise GrammarError(matcher.get_error())
+        return matcher
+
+    def bitmask(self, matcher: llguidance.LLMatcher) -> np.ndarray:
+        """The next position's allowed tokens: [words] int32, padded to the model's width."""
+        mask = np.zeros(self.words, np.int32)
+        got = np.frombuffer(matcher.compute_bitmask(), np.int32)
+        mask[: min(len(got), self.words)] = got[: self.words]
+        return mask
+
+
+@dataclass
+class _Follower:
+    matcher: llguidance.LLMatcher
+    consumed: int = 0          # output tokens the matcher has read
+
+
+class TokenMasks:
+    """The matchers of one runner's constrained requests, each kept in step with its
+    request's output: before a mask is computed, the matcher reads the output tokens it
+    has not seen (whatever committed them: a step, a preemption and re-admission on this
+    rank, a stop), so it never depends on the order the runner sees steps in."""
+
+    def __init__(self, vocabulary: Vocabulary):
+        self.vocabulary = vocabulary
+        self._followers: dict[str, _Follower] = {}
+
+    def masks(self, requests: list) -> np.ndarray:
+        """[n, words] int32: each request's mask after its output so far (all ones for an
+        unconstrained one)."""
+        out = np.full((len(requests), self.vocabulary.words), -1, np.int32)
+        for i, request in enumerate(requests):
+            if request.params.structured is not None:
+                out[i] = self.vocabulary.bitmask(self.follow(request).matcher)
+        return out
+
+    def draft_masks(self, requests: list, drafts: list[int]) -> np.ndarray:
+        """[n, words]: each constrained request's mask one token later, had it accepted its
+        draft. A draft the grammar refuses cannot be accepted (its probability is 0), so
+        its row's mask does not matter: it allows everything."""
+        out = np.full((len(requests), self.vocabulary.words), -1, np.int32)
+        for i, (request, draft) in enumerate(zip(requests, drafts)):
+            if request.params.structured is None:
+                continue
+            matcher = self.follow(request).matcher
+            # a refused token would leave the matcher in its error state: check it first
+            if matcher.validate_tokens([draft]) != 1 or not matcher.consume_token(draft):
+                continue
+            out[i] = self.vocabulary.bitmask(matcher)
+            matcher.rollback(1)
+        return out
+
+    def forget(self, request_id: str) -> None:
+        self._followers.pop(request_id, None)
+
+    def follow(self, request) -> _Follower:
+        """The request's matcher, built on first use, having read its whole output."""
+        follower = self._followers.get(request.request_id)
+        output = request.output_ids
+        if follower is None or follower.consumed > len(output):
+            follower = _Follower(self.vocabulary.matcher(request.params.structured))
+            self._followers[request.request_id] = follower
+        if follower.consumed < len(output):
+            follower.matcher.consume_tokens(output[follower.consumed:])
+            follower.consumed = len(output)
+        return follower

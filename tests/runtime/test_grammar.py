@@ -1,0 +1,156 @@
+"""Structured outputs below the engine: constraints, masks that follow an output, and the
+sampler under a mask (greedy, drawn, and MTP verification)."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from runtime import batch_sampler
+from runtime.batch_sampler import RowParamsBuilder
+from runtime.grammar import GrammarError, StructuredOutputs, TokenMasks, Vocabulary
+from runtime.sampling_params import SamplingParams
+from runtime.tokenizer import Tokenizer
+from tests.conftest import REPO
+
+TINY = REPO / "models" / "tiny"
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+          "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    return Tokenizer(TINY)
+
+
+@pytest.fixture(scope="module")
+def vocabulary(tokenizer) -> Vocabulary:
+    return Vocabulary(tokenizer.path, tokenizer.vocab_size + 40, tokenizer.eos_id)
+
+
+def _allowed(vocabulary: Vocabulary, mask: np.ndarray) -> set[int]:
+    bits = np.unpackbits(mask.view(np.uint8), bitorder="little")
+    return set(np.nonzero(bits)[0].tolist())
+
+
+def _request(so: StructuredOutputs | None, output: list[int], rid: str = "r"):
+    return SimpleNamespace(request_id=rid, output_ids=output,
+                           params=SamplingParams(structured=so))
+
+
+def test_a_constraint_is_exactly_one_kind():
+    with pytest.raises(GrammarError, match="exactly one"):
+        StructuredOutputs()
+    with pytest.raises(GrammarError, match="exactly one"):
+        StructuredOutputs(regex="a", choice=("a",))
+    with pytest.raises(GrammarError, match="not valid JSON"):
+        StructuredOutputs(json="{").definition()
+
+
+@pytest.mark.parametrize("so, message", [
+    (StructuredOutputs(json='{"type": "objec"}'), "objec"),
+    (StructuredOutputs(regex="[a-z"), "regex"),
+    (StructuredOutputs(grammar="start: missing_rule"), "missing_rule"),
+])
+def test_a_constraint_that_does_not_compile_is_refused(vocabulary, so, message):
+    with pytest.raises(GrammarError, match=message):
+        vocabulary.check(so)
+
+
+def test_masks_follow_the_output(vocabulary, tokenizer):
+    masks = TokenMasks(vocabulary)
+    so = StructuredOutputs(json=json.dumps(SCHEMA))
+    text = '{"ok": true}'
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    for n in range(len(ids)):
+        allowed = _allowed(vocabulary, masks.masks([_request(so, ids[:n])])[0])
+        assert ids[n] in allowed
+        assert all(tokenizer.decode(ids[:n] + [t]) and _prefix_ok(tokenizer, ids[:n] + [t])
+                   for t in list(allowed)[:50])
+    done = _allowed(vocabulary, masks.masks([_request(so, ids)])[0])
+    assert done == {tokenizer.eos_id}
+    # the model's extra vocabulary (beyond the tokenizer's) is never allowed
+    assert max(_allowed(vocabulary, masks.masks([_request(so, [])])[0])) < tokenizer.vocab_size
+    # an unconstrained row allows everything
+    assert (masks.masks([_request(None, [])]) == -1).all()
+
+
+def _prefix_ok(tokenizer: Tokenizer, ids: list[int]) -> bool:
+    """The text of ids is a prefix of some JSON text of SCHEMA's shape."""
+    text = tokenizer.decode(ids)
+    return any(full.startswith(text) for full in ('{"ok": true}', '{"ok": false}'))
+
+
+def test_a_refused_draft_leaves_the_matcher_usable(vocabulary, tokenizer):
+    masks = TokenMasks(vocabulary)
+    so = StructuredOutputs(choice=("yes", "no"))
+    request = _request(so, [])
+    refused = tokenizer.encode("{", add_special_tokens=False)[0]
+    accepted = tokenizer.encode("yes", add_special_tokens=False)[0]
+    after = masks.draft_masks([request, request], [refused, accepted])
+    assert (after[0] == -1).all()                       # refused: the row does not matter
+    assert _allowed(vocabulary, after[1]) != _allowed(vocabulary, masks.masks([request])[0])
+    # the matcher still sits at the start: the same mask as a fresh one
+    fresh = TokenMasks(vocabulary).masks([_request(so, [], "other")])
+    assert (masks.masks([request]) == fresh).all()
+
+
+def test_a_rewound_output_rebuilds_the_matcher(vocabulary, tokenizer):
+    """A request whose output shrank (it cannot, but a rank may see a request again
+    after it moved) gets a matcher that has read exactly its output."""
+    masks = TokenMasks(vocabulary)
+    so = StructuredOutputs(choice=("yes", "no"))
+    ids = tokenizer.encode("yes", add_special_tokens=False)
+    masks.masks([_request(so, ids)])
+    assert (masks.masks([_request(so, [])]) == TokenMasks(vocabulary).masks(
+        [_request(so, [], "x")])).all()
+
+
+def test_unpack_mask_matches_the_bit_layout():
+    rng = np.random.default_rng(0)
+    words = rng.integers(-2**31, 2**31, size=(3, 4), dtype=np.int64).astype(np.int32)
+    allowed = batch_sampler.unpack_mask(torch.from_numpy(words), 100)
+    expect = np.unpackbits(words.view(np.uint8), bitorder="little").reshape(3, -1)[:, :100]
+    assert allowed.shape == (3, 100)
+    assert (allowed.numpy() == expect.astype(bool)).all()
+
+
+def _rows(params: list[SamplingParams]):
+    n = len(params)
+    return RowParamsBuilder(torch.device("cpu")).build(params, list(range(1, n + 1)),
+                                                       [0] * n, [0] * n)
+
+
+def test_the_sampler_draws_only_allowed_tokens():
+    torch.manual_seed(0)
+    logits = torch.randn(6, 64)
+    allowed = torch.zeros(6, 64, dtype=torch.bool)
+    allowed[:, 10:13] = True
+    for temperature in (0.0, 1.0):
+        rows = _rows([SamplingParams(temperature=temperature, seed=s) for s in range(6)])
+        tokens, sound = batch_sampler.sample(logits, rows, None, None, allowed)
+        assert sound.all() and ((tokens >= 10) & (tokens < 13)).all()
+    nothing = torch.zeros_like(allowed)
+    _, sound = batch_sampler.sample(logits, _rows([SamplingParams()] * 6), None, None, nothing)
+    assert not sound.any()
+
+
+def test_verification_keeps_no_refused_draft_and_masks_the_bonus():
+    torch.manual_seed(1)
+    logits = torch.randn(4, 2, 32)
+    draft = logits[:, 0].argmax(-1)             # the unmasked argmax: greedy would keep it
+    allowed = torch.ones(4, 2, 32, dtype=torch.bool)
+    allowed[:, 0].scatter_(1, draft[:, None], False)       # ... but the grammar refuses it
+    allowed[:, 1, :16] = False
+    for temperature in (0.0, 1.0):
+        rows = _rows([SamplingParams(temperature=temperature)] * 4)
+        tokens, kept, sound = batch_sampler.verify(logits, draft, rows, None, None, allowed)
+        assert sound.all() and not kept.any() and (tokens[:, 0] != draft).all()
+    keep = torch.ones(4, 2, 32, dtype=torch.bool)
+    keep[:, 1, :16] = False
+    tokens, kept, _ = batch_sampler.verify(logits, draft, _rows([SamplingParams(
+        temperature=0)] * 4), None, None, keep)
+    assert kept.all() and (tokens[:, 1] >= 16).all()

@@ -1,0 +1,118 @@
+"""Structured outputs through the engine: every backend, MTP on and off, preemption, and
+a constraint that fails alone."""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+import generated
+from runtime import capacity
+from runtime.engine import Engine, EngineConfig
+from runtime.grammar import GrammarError, StructuredOutputs, Vocabulary
+from runtime.sampling_params import SamplingParams
+from runtime.tokenizer import Tokenizer
+from runtime.weights import load_params
+from tests.conftest import REPO
+from tests.model.support import FIXTURE
+from tests.runtime.engine_support import assert_all_free, random_prompt
+
+pytestmark = pytest.mark.slow
+
+SCHEMA = {"type": "object", "properties": {
+    "id": {"type": "integer", "minimum": 0, "maximum": 999},
+    "tag": {"enum": ["red", "green", "blue"]},
+    "ok": {"type": "boolean"},
+    "name": {"type": "string", "maxLength": 8}},
+    "required": ["id", "tag", "ok", "name"], "additionalProperties": False}
+JSON = StructuredOutputs(json=json.dumps(SCHEMA))
+
+
+MODEL = REPO / "models" / "tiny"        # a byte-level BPE vocabulary, as real checkpoints
+TINY = generated.load("tiny")
+
+
+@pytest.fixture(scope="module")
+def params():
+    return load_params(MODEL, TINY)
+
+
+def make_engine(params, **overrides) -> Engine:
+    config = EngineConfig(spec="tiny", model=MODEL, **overrides)
+    return Engine(config, TINY, params, Tokenizer(MODEL))
+
+
+@pytest.mark.parametrize("backend", ["torch", "compiled-eager"])
+def test_constrained_greedy_output_validates_and_mtp_keeps_it(params, backend):
+    """The mask is applied at the tail and after the draft, so verification under a
+    grammar is as lossless as without one: MTP on gives MTP off's tokens."""
+    prompts = [random_prompt(40 + 37 * i, i) for i in range(6)]
+    greedy = SamplingParams(temperature=0, max_tokens=80, structured=JSON)
+    runs = {}
+    for k in (0, 1):
+        engine = make_engine(params, num_speculative_tokens=k, backend=backend)
+        runs[k] = engine.generate(prompts, greedy)
+        assert_all_free(engine)
+    assert [o.output_ids for o in runs[1]] == [o.output_ids for o in runs[0]]
+    for out in runs[1]:
+        assert out.finish_reason == "stop"
+        jsonschema.validate(json.loads(out.text), SCHEMA)
+
+
+def test_seeded_choices_stay_in_the_choice_and_repeat(params):
+    choice = StructuredOutputs(choice=("alpha", "beta", "gamma delta"))
+    engine = make_engine(params, backend="torch")
+    prompts = [random_prompt(30, i) for i in range(8)]
+    texts = {}
+    for seed in (1, 2):
+        runs = [engine.generate(prompts, SamplingParams(temperature=1.5, seed=seed,
+                                                        max_tokens=12, structured=choice))
+                for _ in range(2)]
+        assert [o.text for o in runs[0]] == [o.text for o in runs[1]]
+        texts[seed] = [o.text for o in runs[0]]
+        assert set(texts[seed]) <= set(choice.choice)
+    assert texts[1] != texts[2]
+    assert_all_free(engine)
+
+
+def test_preemption_keeps_constrained_outputs(params):
+    """Decoding past position 131 needs a second CSA block, which only preemption frees:
+    a preempted request comes back with its output, and its matcher reads it again."""
+    prompts = [random_prompt(120, i) for i in range(32)]
+    text = SamplingParams(temperature=0, max_tokens=40,     # 20 words: 40 tokens or more
+                          structured=StructuredOutputs(regex="[a-z]{1,9}( [a-z]{1,9}){19,}"))
+    calm = make_engine(params, num_speculative_tokens=1, backend="torch").generate(prompts, text)
+    tight = capacity.bytes_for(TINY.pools.GROUPS, 8, 128 * 4)   # a block for 4 requests a rank
+    engine = make_engine(params, num_speculative_tokens=1, kv_cache_memory=tight,
+                         max_model_len=512, enable_prefix_caching=False, backend="torch")
+    pressed = engine.generate(prompts, text)
+    assert engine.scheduler.num_preemptions > 0
+    assert [o.output_ids for o in pressed] == [o.output_ids for o in calm]
+    assert all(o.text.replace(" ", "").isalpha() for o in pressed if o.text)
+    assert_all_free(engine)
+
+
+def test_a_constraint_that_does_not_compile_fails_its_request_alone(params):
+    """The API refuses such a constraint with a 400; a library caller that passes one
+    gets an error output for that request, and the others run on."""
+    engine = make_engine(params, backend="torch")
+    bad = engine.add_request(random_prompt(50, 1), SamplingParams(
+        temperature=0, max_tokens=8, structured=StructuredOutputs(regex="[a-z")))
+    good = engine.add_request(random_prompt(50, 2), SamplingParams(temperature=0, max_tokens=8,
+                                                                   ignore_eos=True))
+    outputs = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            outputs[out.request_id] = out
+    assert outputs[bad.request_id].finish_reason == "error"
+    assert "regex" in outputs[bad.request_id].error
+    assert outputs[good.request_id].finish_reason == "length"
+    assert len(outputs[good.request_id].output_ids) == 8
+    assert_all_free(engine)
+
+
+def test_a_tokenizer_the_grammar_engine_cannot_read_is_a_clear_error():
+    """The reference fixture's WordPiece vocabulary has no byte-level form."""
+    with pytest.raises(GrammarError, match="cannot read this checkpoint's tokenizer"):
+        Vocabulary(FIXTURE / "tokenizer.json", 512, None)
