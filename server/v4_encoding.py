@@ -1,0 +1,323 @@
+"""Chat messages to a DeepSeek V4 prompt, as the released encoding_dsv4.py renders them.
+
+The pipeline, in the format's own order:
+
+    OpenAI messages --validate--> turns --merge tool results--> user turns with blocks
+      --re-order results by call order--> --drop old developers (thinking)--> text
+
+A turn is one message of the merged list. Tool messages become `tool_result` blocks of a user
+turn; consecutive user/tool messages fuse into one user turn. Torch-free and I/O-free.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+BOS = "<｜begin▁of▁sentence｜>"
+EOS = "<｜end▁of▁sentence｜>"
+USER = "<｜User｜>"
+ASSISTANT = "<｜Assistant｜>"
+THINK = "<think>"
+END_THINK = "</think>"
+DSML = "｜DSML｜"
+TOOL_CALLS_START = f"\n\n<{DSML}tool_calls"      # the "\n\n" belongs to the delimiter
+
+V4_SPECIAL_TOKENS = (BOS, EOS, USER, ASSISTANT, THINK, END_THINK)
+
+ROLES = ("system", "user", "assistant", "tool", "developer")
+REASONING_EFFORTS = (None, "high", "max")
+
+REASONING_EFFORT_MAX = (
+    "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
+    "You MUST be very thorough in your thinking and comprehensively decompose the problem to "
+    "resolve the root cause, rigorously stress-testing your logic against all potential paths, "
+    "edge cases, and adversarial scenarios.\n"
+    "Explicitly write out your entire deliberation process, documenting every intermediate "
+    "step, considered alternative, and rejected hypothesis to ensure absolutely no assumption "
+    "is left unchecked.\n\n")
+
+TOOLS_TEMPLATE = """## Tools
+
+You have access to a set of tools to help answer the user's question. \
+You can invoke tools by writing a "<｜DSML｜tool_calls>" block like the following:
+
+<｜DSML｜tool_calls>
+<｜DSML｜invoke name="$TOOL_NAME">
+<｜DSML｜parameter name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE</｜DSML｜parameter>
+...
+</｜DSML｜invoke>
+<｜DSML｜invoke name="$TOOL_NAME2">
+...
+</｜DSML｜invoke>
+</｜DSML｜tool_calls>
+
+String parameters should be specified as is and set `string="true"`. \
+For all other types (numbers, booleans, arrays, objects), \
+pass the value in JSON format and set `string="false"`.
+
+If thinking_mode is enabled (triggered by <think>), \
+you MUST output your complete reasoning inside <think>...</think> \
+BEFORE any tool calls or final response.
+
+Otherwise, output directly after </think> with tool calls or final response.
+
+### Available Tool Schemas
+
+{schemas}
+
+You MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.
+"""
+
+RESPONSE_FORMAT_HEADER = ("## Response Format:\n\n"
+                          "You MUST strictly adhere to the following schema to reply:\n")
+
+
+def to_json(value) -> str:
+    """The format's JSON: non-ASCII kept, default separators (", " and ": ")."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def is_v4_vocab(token_to_id: Callable[[str], int | None]) -> bool:
+    """Whether a tokenizer holds every V4 control string as a single token."""
+    return all(token_to_id(token) is not None for token in V4_SPECIAL_TOKENS)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """An assistant's tool call, its arguments already decoded to a dict."""
+
+    id: str | None
+    name: str
+    arguments: dict
+
+
+@dataclass(frozen=True)
+class _Block:
+    """One piece of a user turn: its text, or a tool's result (`result` set)."""
+
+    text: str
+    result: bool = False
+    tool_use_id: str | None = None
+
+
+@dataclass
+class _Turn:
+    """One message of the merged list. `blocks` only on user turns; `reasoning` and `calls`
+    only on assistant turns; `tools` and `response_format` only on the first system turn."""
+
+    role: str
+    text: str = ""
+    blocks: list[_Block] = field(default_factory=list)
+    reasoning: str = ""
+    calls: list[_Call] = field(default_factory=list)
+    tools: list[dict] | None = None
+    response_format: dict | None = None
+
+
+def encode(messages: list[dict], *, thinking: bool, reasoning_effort: str | None = None,
+           tools: list[dict] | None = None, response_format: dict | None = None) -> str:
+    """The prompt text for `messages`, BOS first, exactly as the released encoder renders
+    it with thinking_mode "thinking" (thinking=True) or "chat", drop_thinking left on.
+
+    `tools` (OpenAI tools) and `response_format` ride on the first message if it is a system
+    message, else on an empty system message put first. Raises ValueError on input the
+    format cannot render (an unknown role, a content that is not text, a nameless call)."""
+    if reasoning_effort not in REASONING_EFFORTS:
+        raise ValueError(f"reasoning_effort must be one of {REASONING_EFFORTS}, "
+                         f"not {reasoning_effort!r}")
+    turns = _merge([_validate(m, i) for i, m in enumerate(_list(messages))])
+    _attach(turns, _functions(tools), response_format)
+    _order_results(turns)
+    drop = not any(t.tools for t in turns)          # tools anywhere turn drop_thinking off
+    if thinking and drop:
+        turns = _drop_old_developers(turns)
+    last = _last_user(turns)
+    prefix = REASONING_EFFORT_MAX if thinking and reasoning_effort == "max" and turns else ""
+    return BOS + prefix + "".join(_render(turns, i, last, thinking, drop)
+                                  for i in range(len(turns)))
+
+
+# --- validation: OpenAI dicts to turns ------------------------------------------------------
+
+def _list(messages) -> list:
+    if not isinstance(messages, list):
+        raise ValueError(f"messages must be a list, not {type(messages).__name__}")
+    return messages
+
+
+def _text(message: dict, key: str, where: str) -> str:
+    value = message.get(key)
+    if value is None or isinstance(value, str):
+        return value or ""
+    raise ValueError(f"{where}.{key} must be text or null, not {type(value).__name__}")
+
+
+def _validate(message, i: int) -> _Turn:
+    where = f"messages[{i}]"
+    if not isinstance(message, dict):
+        raise ValueError(f"{where} must be an object, not {type(message).__name__}")
+    role = message.get("role")
+    if role not in ROLES:
+        raise ValueError(f"{where}.role is {role!r}; expected one of {', '.join(ROLES)}")
+    text = _text(message, "content", where)
+    if role == "tool":
+        tool_use_id = message.get("tool_call_id")
+        if tool_use_id is not None and not isinstance(tool_use_id, str):
+            raise ValueError(f"{where}.tool_call_id must be text")
+        return _Turn("tool", blocks=[_Block(text, result=True, tool_use_id=tool_use_id)])
+    if role == "user":
+        return _Turn("user", blocks=[_Block(text)])
+    if role == "assistant":
+        calls = message.get("tool_calls") or []
+        if not isinstance(calls, list):
+            raise ValueError(f"{where}.tool_calls must be a list")
+        return _Turn("assistant", text, reasoning=_text(message, "reasoning_content", where),
+                     calls=[_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(calls)])
+    return _Turn(role, text)
+
+
+def _call(call, where: str) -> _Call:
+    function = call.get("function") if isinstance(call, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{where}.function.name must be a non-empty string")
+    call_id = call.get("id")
+    return _Call(call_id if isinstance(call_id, str) else None, name,
+                 _arguments(function.get("arguments")))
+
+
+def _arguments(raw) -> dict:
+    """A call's arguments as the format reads them: the JSON object, or
+    {"arguments": raw} when the text is not a JSON object."""
+    if raw is None:
+        return {}
+    if isinstance(raw, dict):
+        return raw
+    if not isinstance(raw, str):
+        return {"arguments": to_json(raw)}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {"arguments": raw}
+    return value if isinstance(value, dict) else {"arguments": raw}
+
+
+def _functions(tools) -> list[dict] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise ValueError("tools must be a list")
+    functions = [t.get("function") if isinstance(t, dict) else None for t in tools]
+    for i, function in enumerate(functions):
+        if not isinstance(function, dict):
+            raise ValueError(f"tools[{i}].function must be an object")
+    return functions or None
+
+
+# --- preprocessing ---------------------------------------------------------------------------
+
+def _merge(turns: list[_Turn]) -> list[_Turn]:
+    """Tool and user turns join a user turn right before them; a tool turn with none
+    becomes a user turn of its own."""
+    merged: list[_Turn] = []
+    for turn in turns:
+        if turn.role in ("user", "tool") and merged and merged[-1].role == "user":
+            merged[-1].blocks.extend(turn.blocks)
+        else:
+            merged.append(_Turn("user", blocks=turn.blocks) if turn.role == "tool" else turn)
+    return merged
+
+
+def _attach(turns: list[_Turn], tools: list[dict] | None, response_format) -> None:
+    if not tools and not response_format:
+        return
+    if not turns or turns[0].role != "system":
+        turns.insert(0, _Turn("system"))
+    turns[0].tools, turns[0].response_format = tools, response_format
+
+
+def _order_results(turns: list[_Turn]) -> None:
+    """Tool results of a user turn, in their own slots, sorted by the position of their
+    call in the latest earlier assistant turn (unknown ids count as position 0)."""
+    rank: dict[str, int] = {}
+    for turn in turns:
+        if turn.role == "assistant":
+            rank = _positions(turn.calls)
+        slots = [j for j, b in enumerate(turn.blocks) if b.result]
+        if len(slots) < 2:
+            continue
+        ordered = sorted((turn.blocks[j] for j in slots),
+                         key=lambda b: rank.get(b.tool_use_id, 0))
+        for j, block in zip(slots, ordered):
+            turn.blocks[j] = block
+
+
+def _positions(calls: list[_Call]) -> dict[str, int]:
+    """Call id -> its position among the calls; a repeated id keeps its first position."""
+    positions: dict[str, int] = {}
+    for n, call in enumerate(calls):
+        if call.id is not None:
+            positions.setdefault(call.id, n)
+    return positions
+
+
+def _last_user(turns: list[_Turn]) -> int:
+    """Index of the last user or developer turn; -1 when there is none."""
+    return max((i for i, t in enumerate(turns) if t.role in ("user", "developer")), default=-1)
+
+
+def _drop_old_developers(turns: list[_Turn]) -> list[_Turn]:
+    """Thinking with drop_thinking: developer turns before the last user/developer turn go.
+    (Earlier assistants lose their reasoning too, which _render does by not writing it.)"""
+    last = _last_user(turns)
+    return [t for i, t in enumerate(turns) if not (t.role == "developer" and i < last)]
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+def _render(turns: list[_Turn], i: int, last: int, thinking: bool, drop: bool) -> str:
+    turn = turns[i]
+    if turn.role == "system":
+        return turn.text + _suffix(turn)
+    if turn.role == "assistant":
+        thought = turn.reasoning + END_THINK if thinking and (not drop or i > last) else ""
+        return thought + turn.text + _tool_calls(turn.calls) + EOS
+    body = USER + (turn.text + _suffix(turn) if turn.role == "developer" else _blocks(turn))
+    if i + 1 < len(turns) and turns[i + 1].role != "assistant":
+        return body
+    return body + ASSISTANT + (THINK if thinking and (not drop or i >= last) else END_THINK)
+
+
+def _suffix(turn: _Turn) -> str:
+    text = ""
+    if turn.tools:
+        text += "\n\n" + TOOLS_TEMPLATE.format(
+            schemas="\n".join(to_json(f) for f in turn.tools))
+    if turn.response_format:
+        text += "\n\n" + RESPONSE_FORMAT_HEADER + to_json(turn.response_format)
+    return text
+
+
+def _blocks(turn: _Turn) -> str:
+    return "\n\n".join(f"<tool_result>{b.text}</tool_result>" if b.result else b.text
+                       for b in turn.blocks)
+
+
+def _tool_calls(calls: list[_Call]) -> str:
+    if not calls:
+        return ""
+    invokes = "\n".join(_invoke(c) for c in calls)
+    return f"{TOOL_CALLS_START}>\n{invokes}\n</{DSML}tool_calls>"
+
+
+def _invoke(call: _Call) -> str:
+    params = "\n".join(_parameter(k, v) for k, v in call.arguments.items())
+    return f'<{DSML}invoke name="{call.name}">\n{params}\n</{DSML}invoke>'
+
+
+def _parameter(key: str, value) -> str:
+    is_text = isinstance(value, str)
+    text = value if is_text else to_json(value)
+    return (f'<{DSML}parameter name="{key}" string="{"true" if is_text else "false"}">'
+            f"{text}</{DSML}parameter>")

@@ -1,0 +1,332 @@
+"""Generated text to reasoning, content and tool calls, as the DeepSeek V4 format reads it.
+
+The parser is incremental. Its invariant: the concatenation of everything that feed() and
+finish() release depends only on the whole text, never on how it was split. To keep it, every
+decision is a function of the text read so far, and the only text held back is what is still
+undecided: a suffix that could grow into a delimiter, or a tool call not yet closed (a call
+is released whole). Each feed() costs time in the new text plus that held suffix.
+
+    [<think>] reasoning </think> content \\n\\n<｜DSML｜tool_calls>...</｜DSML｜tool_calls> more
+
+A tool-calls block that breaks the grammar is not a block: its raw text goes back to the
+section it began in (content after a call of the block was released) and reading goes on
+there, from the point where the grammar broke.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import re
+from dataclasses import dataclass, field
+
+from server.v4_encoding import DSML, END_THINK, THINK, TOOL_CALLS_START, to_json
+
+CALLS_OPEN = f"<{DSML}tool_calls"
+CALLS_CLOSE = f"</{DSML}tool_calls>"
+INVOKE_OPEN = f'<{DSML}invoke name="'
+INVOKE_CLOSE = f"</{DSML}invoke>"
+PARAM_OPEN = f'<{DSML}parameter name="'
+PARAM_CLOSE = f"</{DSML}parameter>"
+STRING_TRUE = '" string="true">'
+STRING_FALSE = '" string="false">'
+NAME_END = '">'
+
+SPACE = " \t\r\n"                    # what may stand between the tags of a block
+NAME_STOP = re.compile(r'["<>\n]')   # a name ends at '"'; the others break the grammar
+
+
+@dataclass
+class ToolCall:
+    index: int        # 0, 1, ... in order of appearance within this output
+    name: str
+    arguments: str    # JSON text built by the format's rule
+
+
+@dataclass
+class Parsed:
+    """What one feed() or finish() releases."""
+
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+
+class Section(enum.Enum):
+    START = "start"            # reasoning, until it is known whether <think> is repeated
+    REASONING = "reasoning"
+    CONTENT = "content"
+    BLOCK = "block"            # inside a tool-calls block
+
+
+class Step(enum.Enum):
+    """Where a block's reader stands; each step names what it expects next."""
+
+    OPEN = "open"              # ">" closing "<｜DSML｜tool_calls"
+    CALLS = "calls"            # an invoke, or the block's close
+    CALL_NAME = "call_name"
+    CALL_NAME_END = "call_name_end"
+    PARAMS = "params"          # a parameter, or the invoke's close
+    PARAM_NAME = "param_name"
+    PARAM_KIND = "param_kind"  # string="true" or "false"
+    VALUE = "value"
+
+
+class Outcome(enum.Enum):
+    MORE = "more"              # everything readable was read; the rest is undecided
+    MOVED = "moved"
+    CALL = "call"              # an invoke closed well formed
+    CLOSED = "closed"          # the block closed
+    BROKEN = "broken"          # the grammar broke at the reader's position
+
+
+def held(text: str, start: int, delimiters: tuple[str, ...]) -> int:
+    """Length of the longest suffix of text[start:] that is a proper prefix of a delimiter."""
+    if not delimiters:
+        return 0
+    firsts = {d[0] for d in delimiters}
+    for at in range(max(start, len(text) - max(len(d) for d in delimiters) + 1), len(text)):
+        if text[at] in firsts:
+            tail = text[at:]
+            if any(len(d) > len(tail) and d.startswith(tail) for d in delimiters):
+                return len(text) - at
+    return 0
+
+
+def json_value(text: str) -> bool:
+    """Whether text is one strict JSON value (no NaN or Infinity)."""
+    def reject(constant: str):
+        raise ValueError(constant)
+    try:
+        json.loads(text, parse_constant=reject)
+    except ValueError:
+        return False
+    return True
+
+
+class Block:
+    """Reads one tool-calls block from just after "<｜DSML｜tool_calls". The grammar:
+
+        >  { <｜DSML｜invoke name="N">
+               { <｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter> }
+             </｜DSML｜invoke> }
+        </｜DSML｜tool_calls>
+
+    with any whitespace between tags (the format writes one "\\n"; a call without
+    parameters it writes with two). Names are non-empty and hold none of '"<>' or a newline;
+    parameter names do not repeat within a call; a string="false" value is strict JSON.
+    Owns the raw text read since the last released call: it goes back as text if the
+    grammar breaks."""
+
+    def __init__(self, opening: str):
+        self.step = Step.OPEN
+        self.raw = [opening]
+        self.released = 0              # calls of this block released so far
+        self.name = ""                 # of the invoke being read
+        self.params: dict[str, str] = {}   # name -> the JSON text of its value
+        self.key = ""                  # of the parameter being read
+        self.is_string = False
+        self.pieces: list[str] = []    # of the name or value being read
+
+    def read(self, text: str, pos: int) -> tuple[int, Outcome]:
+        """Read from text[pos:]; the new position (everything before it is consumed)."""
+        end, outcome = self._read(text, pos)
+        if end > pos:
+            self.raw.append(text[pos:end])
+        return end, outcome
+
+    def arguments(self) -> str:
+        """The format's rule: string values JSON-quoted, the others copied raw."""
+        return "{" + ", ".join(f"{to_json(k)}: {v}" for k, v in self.params.items()) + "}"
+
+    def _read(self, text: str, pos: int) -> tuple[int, Outcome]:
+        step = self.step
+        if step is Step.OPEN:
+            return self._expect(text, pos, {">": Step.CALLS})
+        if step is Step.CALLS:
+            return self._expect(text, _skip(text, pos),
+                                {INVOKE_OPEN: Step.CALL_NAME, CALLS_CLOSE: None})
+        if step is Step.CALL_NAME:
+            return self._name(text, pos, Step.CALL_NAME_END)
+        if step is Step.CALL_NAME_END:
+            return self._expect(text, pos, {NAME_END: Step.PARAMS})
+        if step is Step.PARAMS:
+            return self._expect(text, _skip(text, pos),
+                                {PARAM_OPEN: Step.PARAM_NAME, INVOKE_CLOSE: Step.CALLS})
+        if step is Step.PARAM_NAME:
+            return self._name(text, pos, Step.PARAM_KIND)
+        if step is Step.PARAM_KIND:
+            return self._expect(text, pos, {STRING_TRUE: Step.VALUE, STRING_FALSE: Step.VALUE})
+        return self._value(text, pos)
+
+    def _expect(self, text: str, pos: int,
+                options: dict[str, Step | None]) -> tuple[int, Outcome]:
+        """One of the literals `options` at pos; the step each leads to (None: closed)."""
+        for literal, step in options.items():
+            if text.startswith(literal, pos):
+                return pos + len(literal), self._enter(literal, step)
+        rest = text[pos:pos + max(len(o) for o in options)]
+        undecided = any(o.startswith(rest) and len(o) > len(rest) for o in options)
+        return pos, Outcome.MORE if undecided else Outcome.BROKEN
+
+    def _enter(self, literal: str, step: Step | None) -> Outcome:
+        """Act on a matched literal: closing a call releases it, opening one starts it."""
+        if step is None:
+            return Outcome.CLOSED
+        self.step = step
+        if literal == INVOKE_OPEN:
+            self.params = {}
+        if literal == INVOKE_CLOSE:
+            self.released += 1
+            return Outcome.CALL
+        if step is Step.VALUE:
+            self.is_string = literal == STRING_TRUE
+        return Outcome.MOVED
+
+    def _name(self, text: str, pos: int, then: Step) -> tuple[int, Outcome]:
+        stop = NAME_STOP.search(text, pos)
+        end = stop.start() if stop else len(text)
+        self.pieces.append(text[pos:end])
+        if stop is None:
+            return end, Outcome.MORE
+        name, self.pieces = "".join(self.pieces), []
+        if stop.group() != '"' or not name:
+            return end, Outcome.BROKEN
+        if then is Step.PARAM_KIND:
+            if name in self.params:                    # a duplicate parameter
+                return end, Outcome.BROKEN
+            self.key = name
+        else:
+            self.name = name
+        self.step = then
+        return end, Outcome.MOVED
+
+    def _value(self, text: str, pos: int) -> tuple[int, Outcome]:
+        close = text.find(PARAM_CLOSE, pos)
+        if close < 0:
+            end = len(text) - held(text, pos, (PARAM_CLOSE,))
+            self.pieces.append(text[pos:end])
+            return end, Outcome.MORE
+        self.pieces.append(text[pos:close])
+        value, self.pieces = "".join(self.pieces), []
+        end = close + len(PARAM_CLOSE)
+        if not self.is_string and not json_value(value):
+            return end, Outcome.BROKEN
+        self.params[self.key] = to_json(value) if self.is_string else value
+        self.step = Step.PARAMS
+        return end, Outcome.MOVED
+
+
+def _opening(text: str, pos: int, at: int) -> int:
+    """Where the tool-calls start found at `at` begins: a "\\n\\n" right before it is
+    part of the delimiter (held back with it, so it is still unread)."""
+    return at - 2 if at - 2 >= pos and text.startswith("\n\n", at - 2) else at
+
+
+def _skip(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in SPACE:
+        pos += 1
+    return pos
+
+
+class V4OutputParser:
+    """Splits one output's generated text into reasoning, content and tool calls.
+
+    reasoning: the prompt opened a thinking block, so the text up to "</think>" is reasoning
+    (all of it, if "</think>" never comes). tools: DSML tool-call blocks are parsed."""
+
+    def __init__(self, *, reasoning: bool, tools: bool):
+        self._tools = tools
+        self._section = Section.START if reasoning else Section.CONTENT
+        self._text = ""                # held back from earlier calls + the new text
+        self._pos = 0                  # _text[:_pos] is consumed
+        self._final = False
+        self._block: Block | None = None
+        self._origin = Section.CONTENT  # the section the open block began in
+        self._calls = 0                # tool calls released so far
+        self._out = Parsed()
+
+    def feed(self, text: str) -> Parsed:
+        """The next piece of generated text; what it decided."""
+        self._text = self._text[self._pos:] + text
+        self._pos = 0
+        return self._run()
+
+    def finish(self) -> Parsed:
+        """The output ended: release whatever is held back."""
+        self._final = True
+        return self._run()
+
+    def _run(self) -> Parsed:
+        while self._advance():
+            pass
+        out, self._out = self._out, Parsed()
+        return out
+
+    def _advance(self) -> bool:
+        """One move; False when the rest of the text is undecided (or there is none)."""
+        if self._section is Section.START:
+            return self._start()
+        if self._section is Section.BLOCK:
+            return self._read_block()
+        return self._scan()
+
+    def _start(self) -> bool:
+        """Drop a leading <think> the model repeats."""
+        rest = self._text[self._pos:self._pos + len(THINK)]
+        if rest == THINK:
+            self._pos += len(THINK)
+        elif THINK.startswith(rest) and not self._final:
+            return False
+        self._section = Section.REASONING
+        return True
+
+    def _delimiters(self) -> tuple[str, ...]:
+        """What ends the current run of reasoning or content."""
+        calls = (CALLS_OPEN,) if self._tools else ()
+        return (END_THINK, *calls) if self._section is Section.REASONING else calls
+
+    def _scan(self) -> bool:
+        """Reasoning or content up to the first delimiter; the undecided suffix stays."""
+        text, pos, delimiters = self._text, self._pos, self._delimiters()
+        hits = [(at, d) for d in delimiters if (at := text.find(d, pos)) >= 0]
+        if not hits:
+            undecided = (*delimiters, TOOL_CALLS_START) if self._tools else delimiters
+            stop = len(text) - (0 if self._final else held(text, pos, undecided))
+            self._emit(self._section, text[pos:stop])
+            self._pos = stop
+            return False
+        at, delimiter = min(hits)
+        start = _opening(text, pos, at) if delimiter == CALLS_OPEN else at
+        self._emit(self._section, text[pos:start])
+        self._pos = at + len(delimiter)
+        if delimiter == END_THINK:
+            self._section = Section.CONTENT
+        else:
+            self._block, self._origin = Block(text[start:self._pos]), self._section
+            self._section = Section.BLOCK
+        return True
+
+    def _read_block(self) -> bool:
+        block = self._block
+        self._pos, outcome = block.read(self._text, self._pos)
+        if outcome is Outcome.CALL:
+            self._out.tool_calls.append(ToolCall(self._calls, block.name, block.arguments()))
+            self._calls += 1
+            block.raw = []
+        elif outcome is Outcome.CLOSED:
+            self._section, self._block = Section.CONTENT, None
+        elif outcome is Outcome.BROKEN or (outcome is Outcome.MORE and self._final):
+            self._unread(block)
+        return outcome is not Outcome.MORE or self._final
+
+    def _unread(self, block: Block) -> None:
+        """The block broke: its raw text (since the last released call) is text again."""
+        self._section = Section.CONTENT if block.released else self._origin
+        self._emit(self._section, "".join(block.raw))
+        self._block = None
+
+    def _emit(self, section: Section, text: str) -> None:
+        if section is Section.CONTENT:
+            self._out.content += text
+        else:
+            self._out.reasoning += text
