@@ -20,9 +20,12 @@ from starlette.routing import Route
 
 from runtime.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
 from runtime.engine import RequestOutput
+from runtime.grammar import GrammarError, Vocabulary
 from runtime.sampling_params import SEED_MIN, InvalidParam, SamplingParams
 from server import chat
 from server.body import parse_json
+from server.chat import ChatOptions
+from server.chat_output import ChatOutput
 from server.metrics import Metrics
 from server.protocol import (
     APIError,
@@ -58,11 +61,25 @@ class ServerState:
     draining: bool = False
     in_flight: int = 0
     ready: bool = False
+    chat_options: ChatOptions = field(default_factory=ChatOptions)
     metrics: Metrics = field(init=False)
     ids: itertools.count = field(default_factory=itertools.count)
+    _vocabulary: Vocabulary | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.metrics = Metrics(self.engine, self.model_name)
+
+    def vocabulary(self) -> Vocabulary:
+        """The tokenizer as the grammar engine sees it (built on first use): the server
+        compiles each constraint once to refuse a bad one with a 400."""
+        if self._vocabulary is None:
+            if self.tokenizer is None:
+                raise bad_request("structured outputs need the checkpoint's tokenizer")
+            config = self.spec.architecture.CONFIG
+            eos = self.tokenizer.eos_id
+            self._vocabulary = Vocabulary(self.tokenizer.path, config["vocab_size"],
+                                          config.get("eos_token_id") if eos is None else eos)
+        return self._vocabulary
 
     @property
     def tokenizer(self):
@@ -219,6 +236,16 @@ def _max_tokens(state: ServerState, requested: int | None, prompt_len: int, para
     return requested
 
 
+def _check_structured(state: ServerState, params: SamplingParams, field: str | None) -> None:
+    """A 400 naming `field` if the request's output constraint does not compile."""
+    if params.structured is None:
+        return
+    try:
+        state.vocabulary().check(params.structured)
+    except GrammarError as exc:
+        raise bad_request(f"{field}: {exc}", field) from None
+
+
 def _validate(state: ServerState, req, ids: list[int], params: SamplingParams) -> None:
     try:
         state.engine.admission.validate(ids, params)
@@ -343,7 +370,9 @@ async def completions(state: ServerState, request: Request) -> Response:
     max_tokens = _max_tokens(state, req.max_tokens, longest, "max_tokens")
     # best_of ranks candidates by the log-probs of their tokens, so it always computes them
     ranked = candidates > req.n
-    params = req.sampling(max_tokens, 0 if ranked and req.logprobs is None else req.logprobs)
+    params = req.sampling(max_tokens, 0 if ranked and req.logprobs is None else req.logprobs,
+                          req.structured())
+    _check_structured(state, params, req.structured_source())
     for ids in prompts:
         _validate(state, req, ids, params)
     base = f"cmpl-{next(state.ids)}-{int(time.time() * 1000)}"
@@ -383,10 +412,11 @@ def _best(states: list[ChoiceState], n: int, candidates: int,
 
 
 async def _stream(state: ServerState, base: str, jobs: list[Job], meta: dict, n: int,
-                  include_usage: bool, kind: str, opening: list[dict], chunk):
+                  include_usage: bool, kind: str, opening: list[dict], chunk, reader=None):
     """SSE for every choice: the opening chunks, one chunk(index, output, choice) per
-    output that carries news, the usage chunk when asked, then [DONE]."""
-    states = {job.index: ChoiceState(job.index, len(job.prompt_ids)) for job in jobs}
+    output that carries news, the usage chunk when asked, then [DONE]. `reader`: makes
+    each chat choice's ChatOutput."""
+    states = {job.index: _choice(job, reader) for job in jobs}
     try:
         for payload in opening:
             yield _sse(payload)
@@ -409,10 +439,14 @@ async def _stream(state: ServerState, base: str, jobs: list[Job], meta: dict, n:
     yield _sse("[DONE]")
 
 
-async def _finished(state: ServerState, request: Request, base: str,
-                    jobs: list[Job]) -> list[ChoiceState]:
+def _choice(job: Job, reader) -> ChoiceState:
+    return ChoiceState(job.index, len(job.prompt_ids), reader=reader() if reader else None)
+
+
+async def _finished(state: ServerState, request: Request, base: str, jobs: list[Job],
+                    reader=None) -> list[ChoiceState]:
     outputs = await _collect(state, request, base, jobs)
-    states = [ChoiceState(job.index, len(job.prompt_ids)) for job in jobs]
+    states = [_choice(job, reader) for job in jobs]
     for st in states:
         for out in outputs[st.index]:
             st.add(out)
@@ -426,14 +460,21 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
     _check_model(state, req.model)
     if state.tokenizer is None:
         raise bad_request("this checkpoint has no tokenizer, so chat is unavailable")
-    ids = chat.render(state.tokenizer, req.messages)
+    plan = chat.plan(state.tokenizer, req, state.chat_options)
+    ids = plan.prompt_ids
     requested = req.max_completion_tokens if req.max_completion_tokens is not None \
         else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = _max_tokens(state, requested, len(ids), param)
     top = (req.top_logprobs or 0) if req.logprobs else None
-    params = req.sampling(max_tokens, top)
+    params = req.sampling(max_tokens, top, plan.structured)
+    _check_structured(state, params, "tool_choice" if plan.tool_mode in ("named", "required")
+                      else req.structured_source())
     _validate(state, req, ids, params)
+
+    def reader() -> ChatOutput:
+        return ChatOutput(plan, state.chat_options)
+
     base = f"chatcmpl-{next(state.ids)}-{int(time.time() * 1000)}"
     jobs = _jobs([ids], params, req.n)
     meta = {"id": base, "created": int(time.time()), "model": state.model_name}
@@ -443,14 +484,14 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
                               None, None) for job in jobs]
 
         def chunk(index, out, choice):
-            return chat_chunk(meta, index, {"content": out.new_text},
-                              choice.chat_logprobs_delta(out, tok), out.finish_reason,
-                              out.stop_reason)
+            finish = choice.reader.finish_reason(out.finish_reason)
+            return chat_chunk(meta, index, choice.delta, choice.chat_logprobs_delta(out, tok),
+                              finish, out.stop_reason)
 
         return StreamingResponse(_stream(state, base, jobs, meta, req.n, _include_usage(req),
-                                         "chat.completion.chunk", opening, chunk),
+                                         "chat.completion.chunk", opening, chunk, reader),
                                  media_type="text/event-stream")
-    states = await _finished(state, request, base, jobs)
+    states = await _finished(state, request, base, jobs, reader)
     return JSONResponse(chat_response(meta, states, req.n, state.tokenizer))
 
 
@@ -466,7 +507,10 @@ async def tokenize(state: ServerState, request: Request) -> Response:
     if state.tokenizer is None:
         raise bad_request("this checkpoint has no tokenizer")
     if req.messages is not None:
-        ids = chat.render(state.tokenizer, req.messages)
+        tools = [t.function.model_dump(exclude_none=True) for t in req.tools or []]
+        ids = chat.render(state.tokenizer, [m.as_dict() for m in req.messages],
+                          thinking=chat.thinking_of(req), effort=chat.effort_of(req),
+                          tools=tools, extra=req.chat_template_kwargs)
     elif req.prompt is not None:
         ids = state.tokenizer.encode(req.prompt)
     else:

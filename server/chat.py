@@ -1,25 +1,165 @@
-"""Chat messages to a prompt: the checkpoint's chat template, or a plain fallback."""
+"""A chat request as the engine runs it: the prompt, and how its output is to be read.
+
+The prompt: a V4 checkpoint (its tokenizer carries the V4 special tokens) is encoded by
+the V4 chat format (server/v4_encoding.py): thinking or not, reasoning effort, tools and
+tool calls in DSML. Any other checkpoint uses its Jinja chat template (given `tools`,
+`thinking` and the request's chat_template_kwargs), or a plain fallback.
+
+The reading (ChatPlan): whether the prompt opened a thinking block, which tool mode the
+request is in, and the constraint its output is sampled under:
+
+    tool_choice  none      tools are not shown; the output is text
+                 auto      tools are shown; DSML calls in the output are parsed (needs
+                           --enable-auto-tool-choice and --tool-call-parser)
+                 required  the output is a JSON array of {name, parameters} calls
+                 named     the output is the named function's arguments (JSON)
+
+A grammar constrains the output from its first token, so a constrained request (a
+response_format, guided_*, tool_choice required or named) is rendered without thinking.
+"""
 from __future__ import annotations
+
+import json
+from dataclasses import dataclass
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from runtime.grammar import StructuredOutputs
 from runtime.tokenizer import Tokenizer
-from server.protocol import ChatMessage, bad_request
+from server import v4_encoding
+from server.protocol import ChatCompletionRequest, bad_request
 
 FALLBACK = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
             "{% if add_generation_prompt %}assistant:{% endif %}")
+# OpenAI's and the DeepSeek API's efforts -> the V4 format's (None, "high" or "max")
+EFFORTS = {"low": "high", "medium": "high", "high": "high", "xhigh": "max", "max": "max"}
 
 
-def render(tokenizer: Tokenizer, messages: list[ChatMessage]) -> list[int]:
+@dataclass(frozen=True)
+class ChatOptions:
+    """The server's flags for reading chat outputs (vLLM's names)."""
+
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
+
+
+@dataclass(frozen=True)
+class ChatPlan:
+    prompt_ids: list[int]
+    thinking: bool                          # the prompt opened a thinking block
+    tool_mode: str                          # "none" | "auto" | "required" | "named"
+    tool_name: str | None = None            # the named function
+    structured: StructuredOutputs | None = None
+
+
+def plan(tokenizer: Tokenizer, req: ChatCompletionRequest, options: ChatOptions) -> ChatPlan:
+    mode, name = _tool_mode(req, options)
+    structured = _tool_constraint(req, mode, name)
+    asked = req.structured()
+    if asked is not None and structured is not None:
+        raise bad_request("response_format and guided outputs cannot be combined with "
+                          "tool_choice required or a named function", "response_format")
+    structured = structured or asked
+    thinking = thinking_of(req) and structured is None
+    tools = [t.function.model_dump(exclude_none=True) for t in req.tools or []] \
+        if mode != "none" else []
+    ids = render(tokenizer, [m.as_dict() for m in req.messages], thinking=thinking,
+                 effort=effort_of(req), tools=tools, extra=req.chat_template_kwargs)
+    return ChatPlan(ids, thinking, mode, name, structured)
+
+
+def thinking_of(req) -> bool:
+    """Thinking as the request asks: the DeepSeek API's `thinking`, else
+    chat_template_kwargs `thinking` (or `enable_thinking`); off by default."""
+    if req.thinking is not None:
+        return req.thinking.type == "enabled"
+    kwargs = req.chat_template_kwargs or {}
+    value = kwargs.get("thinking", kwargs.get("enable_thinking", False))
+    if not isinstance(value, bool):
+        raise bad_request("chat_template_kwargs.thinking must be true or false",
+                          "chat_template_kwargs")
+    return value
+
+
+def effort_of(req) -> str | None:
+    if req.reasoning_effort is None:
+        return None
+    if req.reasoning_effort not in EFFORTS:
+        raise bad_request(f"reasoning_effort must be one of {', '.join(EFFORTS)}, got "
+                          f"{req.reasoning_effort[:40]!r}", "reasoning_effort")
+    return EFFORTS[req.reasoning_effort]
+
+
+def render(tokenizer: Tokenizer, messages: list[dict], *, thinking: bool = False,
+           effort: str | None = None, tools: list[dict] | None = None,
+           extra: dict | None = None) -> list[int]:
     """Token ids of the conversation, ending with the assistant's turn to speak."""
+    if v4_encoding.is_v4_vocab(tokenizer.token_id):
+        try:
+            text = v4_encoding.encode(messages, thinking=thinking, reasoning_effort=effort,
+                                      tools=[{"type": "function", "function": t}
+                                             for t in tools or []])
+        except ValueError as exc:
+            raise bad_request(f"the messages do not fit the V4 chat format: {exc}",
+                              "messages") from None
+        return tokenizer.encode(text, add_special_tokens=False)
+    return _render_template(tokenizer, messages, thinking, tools, extra)
+
+
+def _render_template(tokenizer: Tokenizer, messages: list[dict], thinking: bool,
+                     tools: list[dict] | None, extra: dict | None) -> list[int]:
     template = tokenizer.chat_template or FALLBACK
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    variables = {**(extra or {}), "thinking": thinking, "enable_thinking": thinking,
+                 "tools": [{"type": "function", "function": t} for t in tools] or None}
     try:
         text = env.from_string(template).render(
-            messages=[{"role": m.role, "content": m.text()} for m in messages],
-            add_generation_prompt=True,
+            messages=messages, add_generation_prompt=True,
             bos_token=tokenizer.config.get("bos_token") or "",
-            eos_token=tokenizer.config.get("eos_token") or "")
+            eos_token=tokenizer.config.get("eos_token") or "", **variables)
     except Exception as exc:   # a template may raise on purpose (e.g. role order)
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from None
     return tokenizer.encode(text, add_special_tokens=tokenizer.chat_template is None)
+
+
+# -- tools -----------------------------------------------------------------------------
+
+
+def _tool_mode(req: ChatCompletionRequest, options: ChatOptions) -> tuple[str, str | None]:
+    choice, tools = req.tool_choice, req.tools or []
+    if choice is None:
+        choice = "auto" if tools else "none"
+    if not isinstance(choice, str):
+        if not any(t.function.name == choice.function.name for t in tools):
+            raise bad_request(f"tool_choice names {choice.function.name!r}, which is not in "
+                              "tools", "tool_choice")
+        return "named", choice.function.name
+    if choice == "required" and not tools:
+        raise bad_request("tool_choice required needs tools", "tool_choice")
+    if choice == "auto" and tools and not (options.enable_auto_tool_choice
+                                           and options.tool_call_parser):
+        raise bad_request('"auto" tool choice requires --enable-auto-tool-choice and '
+                          "--tool-call-parser to be set", "tool_choice")
+    return (choice if tools else "none"), None
+
+
+def _tool_constraint(req: ChatCompletionRequest, mode: str,
+                     name: str | None) -> StructuredOutputs | None:
+    if mode == "named":
+        tool = next(t for t in req.tools if t.function.name == name)
+        return StructuredOutputs(json=json.dumps(_parameters(tool)))
+    if mode == "required":
+        calls = [{"type": "object", "properties": {
+                      "name": {"enum": [t.function.name]}, "parameters": _parameters(t)},
+                  "required": ["name", "parameters"], "additionalProperties": False}
+                 for t in req.tools]
+        schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+        if req.parallel_tool_calls is False:
+            schema["maxItems"] = 1
+        return StructuredOutputs(json=json.dumps(schema))
+    return None
+
+
+def _parameters(tool) -> dict:
+    return tool.function.parameters or {"type": "object", "properties": {}}

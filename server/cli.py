@@ -21,6 +21,7 @@ log = logging.getLogger("v4serve")
 # Where the API key is read from when --api-key is not given (vLLM's name first): the
 # command line is visible to every local user in `ps`, the environment is not.
 API_KEY_ENV = ("VLLM_API_KEY", "V4SERVE_API_KEY")
+PARSERS = ("deepseek_v4",)      # the reasoning and tool-call parsers (server/v4_output.py)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -50,6 +51,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "(default: --max-num-seqs)")
     parser.add_argument("--drain-timeout", type=float, default=60.0,
                         help="seconds SIGTERM waits for requests in flight (default: 60)")
+    parser.add_argument("--reasoning-parser", choices=PARSERS, default=None,
+                        help="split chat outputs of a thinking prompt into reasoning_content "
+                             "and content (default: none, the text as generated)")
+    parser.add_argument("--tool-call-parser", choices=PARSERS, default=None,
+                        help="parse the model's tool calls (DSML) into message.tool_calls "
+                             "(default: none)")
+    parser.add_argument("--enable-auto-tool-choice", action="store_true",
+                        help='let the model decide when to call tools (tool_choice "auto"; '
+                             "needs --tool-call-parser) (default: off)")
     parser.add_argument("--no-engine-process", dest="engine_process", action="store_false",
                         help="run the engine in a thread of the server process instead of "
                              "an engine-core process of its own (slower; for debugging)")
@@ -95,12 +105,17 @@ def make_server(args: argparse.Namespace):
     import uvicorn
 
     from server.app import ServerState, build_app
+    from server.chat import ChatOptions
     from server.draining import DrainingServer
 
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise SystemExit("v4serve serve: --enable-auto-tool-choice needs --tool-call-parser")
     engine, spec, compiling = (_core(args) if args.engine_process else _in_process(args))
+    options = ChatOptions(args.reasoning_parser, args.tool_call_parser,
+                          args.enable_auto_tool_choice)
     state = ServerState(engine, spec, args.served_model_name or spec.SPEC_NAME,
                         api_key=api_key(args), max_body_bytes=args.max_body_bytes,
-                        max_n=args.max_n, compile_process=compiling)
+                        max_n=args.max_n, compile_process=compiling, chat_options=options)
     config = uvicorn.Config(build_app(state), host=args.host, port=args.port,
                             log_level="info", timeout_graceful_shutdown=args.drain_timeout)
     server = DrainingServer(config, state, args.drain_timeout)

@@ -7,12 +7,14 @@ endpoint gave the field.
 """
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Literal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
+from runtime.grammar import GrammarError, StructuredOutputs
 from runtime.sampling_params import InvalidParam, SamplingParams
 
 
@@ -41,6 +43,31 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchema(BaseModel):
+    model_config = _STRICT
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = _STRICT
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+
+class StructuredOutputsBody(BaseModel):
+    """vLLM's `structured_outputs` field: exactly one of these."""
+
+    model_config = _STRICT
+    json_: str | dict[str, Any] | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
 class _Sampling(BaseModel):
     """Fields shared by completions and chat completions (vLLM's extensions included)."""
 
@@ -61,8 +88,62 @@ class _Sampling(BaseModel):
     logit_bias: dict[str, float] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # structured outputs: OpenAI's response_format, vLLM's structured_outputs and guided_*
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsBody | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
-    def sampling(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def structured(self) -> StructuredOutputs | None:
+        """The output constraint the request asks for (None: none); a 400 naming the
+        field if it asks for more than one or one that is malformed."""
+        given = [(name, value) for name, value in self._constraints() if value is not None]
+        if len(given) > 1:
+            raise bad_request("give at most one of response_format (json), "
+                              "structured_outputs and guided_*: got "
+                              + ", ".join(name for name, _ in given), given[1][0])
+        if not given:
+            return None
+        name, fields = given[0]
+        try:
+            return StructuredOutputs(**fields)
+        except GrammarError as exc:
+            raise bad_request(str(exc), name) from None
+
+    def structured_source(self) -> str | None:
+        """The field the request's constraint came in (None: it has none)."""
+        return next((name for name, value in self._constraints() if value is not None), None)
+
+    def _constraints(self):
+        """(field, StructuredOutputs fields or None) for every way to ask for one."""
+        rf = self.response_format
+        if rf is None or rf.type == "text":
+            yield "response_format", None
+        elif rf.type == "json_object":
+            yield "response_format", {"json_object": True}
+        else:
+            if rf.json_schema is None or rf.json_schema.schema_ is None:
+                raise bad_request("response_format json_schema needs json_schema.schema",
+                                  "response_format")
+            yield "response_format", {"json": json.dumps(rf.json_schema.schema_)}
+        so = self.structured_outputs
+        if so is not None:
+            fields = {"json": _json_text(so.json_), "regex": so.regex, "grammar": so.grammar,
+                      "choice": tuple(so.choice) if so.choice is not None else None,
+                      "json_object": bool(so.json_object)}
+            yield "structured_outputs", {k: v for k, v in fields.items() if v}
+        yield "guided_json", None if self.guided_json is None else \
+            {"json": _json_text(self.guided_json)}
+        yield "guided_regex", None if self.guided_regex is None else {"regex": self.guided_regex}
+        yield "guided_choice", None if self.guided_choice is None else \
+            {"choice": tuple(self.guided_choice)}
+        yield "guided_grammar", None if self.guided_grammar is None else \
+            {"grammar": self.guided_grammar}
+
+    def sampling(self, max_tokens: int, logprobs: int | None,
+                 structured: StructuredOutputs | None = None) -> SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         values = {
             "max_tokens": max_tokens, "temperature": _default(self.temperature, 1.0),
@@ -73,7 +154,7 @@ class _Sampling(BaseModel):
             "repetition_penalty": _default(self.repetition_penalty, 1.0),
             "stop": stop, "stop_token_ids": tuple(self.stop_token_ids or ()),
             "ignore_eos": self.ignore_eos, "logprobs": logprobs,
-            "logit_bias": _logit_bias(self.logit_bias),
+            "logit_bias": _logit_bias(self.logit_bias), "structured": structured,
         }
         try:
             return SamplingParams(**values)
@@ -95,6 +176,11 @@ class _Sampling(BaseModel):
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options is only allowed when stream is true",
                               "stream_options")
+
+
+def _json_text(value: str | dict | None) -> str | None:
+    """A schema given as JSON text or as an object, as JSON text."""
+    return value if value is None or isinstance(value, str) else json.dumps(value)
 
 
 def _default(value: Any, fallback: Any) -> Any:
@@ -152,10 +238,40 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
+class FunctionCall(BaseModel):
+    model_config = _STRICT
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCall(BaseModel):
+    model_config = _STRICT
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = _STRICT
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[ContentPart] | None = None
+    name: str | None = None
+    reasoning_content: str | None = None          # an earlier assistant turn's thinking
+    tool_calls: list[ToolCall] | None = None      # an earlier assistant turn's calls
+    tool_call_id: str | None = None               # a tool result: the call it answers
+
+    def as_dict(self) -> dict:
+        """The message as the chat encoders take it (content flattened to text)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.reasoning_content is not None:
+            out["reasoning_content"] = self.reasoning_content
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -165,12 +281,50 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)   # kept as given
+    name: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = _STRICT
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    model_config = _STRICT
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = _STRICT
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class Thinking(BaseModel):
+    """The DeepSeek API's switch: {"type": "enabled"} or {"type": "disabled"}."""
+
+    model_config = _STRICT
+    type: Literal["enabled", "disabled"]
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(default_factory=list)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    thinking: Thinking | None = None
+    reasoning_effort: str | None = None
 
     def param_name(self, field: str) -> str:
         if field == "logprobs":
@@ -191,6 +345,10 @@ class TokenizeRequest(BaseModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    tools: list[Tool] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    thinking: Thinking | None = None
+    reasoning_effort: str | None = None
 
 
 class DetokenizeRequest(BaseModel):

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from runtime.engine import RequestOutput
 from runtime.tokenizer import Tokenizer
+from server.chat_output import ChatOutput
 
 
 @dataclass
@@ -19,11 +20,15 @@ class ChoiceState:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     cached_tokens: int = 0            # of the prompt, found in the prefix cache
+    reader: ChatOutput | None = None  # chat: the text read as a message
+    delta: dict = field(default_factory=dict)   # chat: what the last output added
 
     def add(self, out: RequestOutput) -> None:
         if out.num_cached_tokens is not None:
             self.cached_tokens = out.num_cached_tokens
         self.text += out.new_text
+        if self.reader is not None:
+            self.delta = self.reader.feed(out.new_text, final=out.finished)
         self.token_ids += out.new_ids
         self.logprobs += out.logprobs
         if out.finished:
@@ -111,9 +116,11 @@ def completion_chunk(meta: dict, index: int, text: str, logprobs, finish_reason,
 
 def chat_response(meta: dict, states: list[ChoiceState], n: int,
                   tokenizer: Tokenizer | None) -> dict:
-    choices = [{"index": s.index, "message": {"role": "assistant", "content": s.text},
+    choices = [{"index": s.index, "message": s.reader.message() if s.reader else
+                {"role": "assistant", "content": s.text},
                 "logprobs": _chat_logprobs(s.logprobs, tokenizer) if s.logprobs else None,
-                "finish_reason": s.finish_reason, "stop_reason": s.stop_reason}
+                "finish_reason": s.reader.finish_reason(s.finish_reason) if s.reader
+                else s.finish_reason, "stop_reason": s.stop_reason}
                for s in states]
     return {**meta, "object": "chat.completion", "choices": choices, "usage": usage(states, n)}
 

@@ -1,0 +1,144 @@
+"""One chat choice's generated text read as an assistant message, whole or as deltas.
+
+feed(text, final) takes each piece of text the engine releases and returns the delta it
+makes (OpenAI's chunk shape: `reasoning_content`, `content`, `tool_calls[i]` with the
+call's id, type and name on its first fragment); with the last piece (final) it also
+releases what was held back. The deltas of any run concatenate to message(): a stream
+says what the whole response says.
+
+By the plan's tool mode:
+    named     the text is the function's arguments, streamed as they come
+    required  the text is a JSON array of calls, each released when its object closes
+              (text left over that is not the array's end comes back as content)
+    auto      DSML calls are parsed out of the content (server/v4_output.py)
+    none      the text is content
+and the reasoning parser, when on and the prompt opened a thinking block, splits the
+reasoning off first.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+
+from server.chat import ChatOptions, ChatPlan
+from server.v4_output import Parsed, V4OutputParser
+
+
+def call_id() -> str:
+    return f"call_{secrets.token_hex(12)}"
+
+
+class ChatOutput:
+    def __init__(self, plan: ChatPlan, options: ChatOptions):
+        self.mode, self.name = plan.tool_mode, plan.tool_name
+        self.reasoning = bool(options.reasoning_parser) and plan.thinking
+        self.parser = None
+        if self.mode in ("auto", "none") and (self.reasoning or self.mode == "auto"):
+            self.parser = V4OutputParser(reasoning=self.reasoning, tools=self.mode == "auto")
+        self.reasoning_text, self.content, self.raw = "", "", ""
+        self.calls: list[dict] = []            # OpenAI tool calls, arguments growing
+        self._read = 0                         # required: raw text read into calls
+
+    def feed(self, text: str, final: bool = False) -> dict:
+        """The delta `text` makes; `final`: the output ended with it (release the rest)."""
+        delta = self._feed(text)
+        if not final:
+            return delta
+        rest = self._finish()
+        for key, value in rest.items():
+            delta[key] = delta.get(key, type(value)()) + value
+        return delta
+
+    def _feed(self, text: str) -> dict:
+        self.raw += text
+        if self.mode == "named":
+            return self._arguments(text)
+        if self.mode == "required":
+            return self._required()
+        if self.parser is None:
+            return self._delta(Parsed(content=text))
+        return self._delta(self.parser.feed(text))
+
+    def _finish(self) -> dict:
+        if self.mode == "required":
+            return self._leftover()
+        if self.parser is None:
+            return {}
+        return self._delta(self.parser.finish())
+
+    def message(self) -> dict:
+        message = {"role": "assistant",
+                   "content": self.content if self.content or not self.calls else None}
+        if self.reasoning:
+            message["reasoning_content"] = self.reasoning_text
+        if self.calls:
+            message["tool_calls"] = self.calls
+        return message
+
+    def finish_reason(self, reason: str | None) -> str | None:
+        """A response that calls tools ends with "tool_calls" (unless cut by length)."""
+        return "tool_calls" if self.calls and reason == "stop" else reason
+
+    # -- pieces ----------------------------------------------------------------------
+
+    def _delta(self, parsed: Parsed) -> dict:
+        delta = {}
+        if parsed.reasoning:
+            self.reasoning_text += parsed.reasoning
+            delta["reasoning_content"] = parsed.reasoning
+        if parsed.content:
+            self.content += parsed.content
+            delta["content"] = parsed.content
+        calls = [self._call(c.name, c.arguments) for c in parsed.tool_calls]
+        if calls:
+            delta["tool_calls"] = calls
+        return delta
+
+    def _call(self, name: str, arguments: str) -> dict:
+        """A new call, whole: its first (and only) fragment carries everything."""
+        call = {"id": call_id(), "type": "function",
+                "function": {"name": name, "arguments": arguments}}
+        self.calls.append(call)
+        return {"index": len(self.calls) - 1, **call,
+                "function": dict(call["function"])}
+
+    def _arguments(self, text: str) -> dict:
+        """The named function's arguments grow by text."""
+        if not self.calls:
+            return {"tool_calls": [self._call(self.name, text)]}
+        if not text:
+            return {}
+        self.calls[0]["function"]["arguments"] += text
+        return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}
+
+    def _required(self) -> dict:
+        """Each call of the JSON array `[call, call, ...]` once its object is complete
+        (an object that closes cannot grow, so where the text is cut does not matter)."""
+        calls = []
+        while True:
+            at = _skip(self.raw, self._read, "[, \n")
+            try:
+                call, end = _DECODER.raw_decode(self.raw, at)
+                name, args = call["name"], json.dumps(call["parameters"], ensure_ascii=False)
+            except (ValueError, TypeError, KeyError):
+                break
+            calls.append(self._call(name, args))
+            self._read = end
+        return {"tool_calls": calls} if calls else {}
+
+    def _leftover(self) -> dict:
+        """What follows the last whole call, if more than the array's end: the output
+        was cut short (or is not an array), and the text comes back as content."""
+        rest = self.raw[_skip(self.raw, self._read, "[, \n"):] if self.calls else self.raw
+        if not rest.strip(" \n,]"):
+            return {}
+        return self._delta(Parsed(content=rest))
+
+
+_DECODER = json.JSONDecoder()
+
+
+def _skip(text: str, at: int, chars: str) -> int:
+    while at < len(text) and text[at] in chars:
+        at += 1
+    return at

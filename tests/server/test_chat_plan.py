@@ -1,0 +1,198 @@
+"""Chat requests to prompts and back, without an engine: which encoding, which tool mode
+and constraint (server/chat.py), and how a choice's text reads as a message, whole or
+streamed (server/chat_output.py)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runtime.tokenizer import Tokenizer
+from server import chat, v4_encoding
+from server.chat import ChatOptions, ChatPlan
+from server.chat_output import ChatOutput
+from server.protocol import APIError, ChatCompletionRequest
+from tests.conftest import REPO
+from tests.server.v4_tokenizer import write_v4_tokenizer
+
+TINY = REPO / "models" / "tiny"
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time"}}
+PARSERS = ChatOptions("deepseek_v4", "deepseek_v4", True)
+
+
+@pytest.fixture(scope="module")
+def v4(tmp_path_factory) -> Tokenizer:
+    return Tokenizer(write_v4_tokenizer(tmp_path_factory.mktemp("v4")))
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Tokenizer:
+    return Tokenizer(TINY)
+
+
+def _request(**body) -> ChatCompletionRequest:
+    body.setdefault("messages", [{"role": "user", "content": "Weather in Paris?"}])
+    return ChatCompletionRequest.model_validate(body)
+
+
+def test_a_v4_vocabulary_gets_the_v4_encoding(v4):
+    req = _request(tools=[WEATHER], chat_template_kwargs={"thinking": True})
+    plan = chat.plan(v4, req, PARSERS)
+    want = v4_encoding.encode([{"role": "user", "content": "Weather in Paris?"}],
+                              thinking=True, tools=[WEATHER])
+    assert plan.prompt_ids == v4.encode(want, add_special_tokens=False)
+    assert v4.decode(plan.prompt_ids, skip_special_tokens=False) == want
+    assert plan.thinking and plan.tool_mode == "auto" and plan.structured is None
+
+
+def test_other_vocabularies_keep_their_chat_template(tiny):
+    plan = chat.plan(tiny, _request(), ChatOptions())
+    assert tiny.decode(plan.prompt_ids) == "<|user|>\nWeather in Paris?\n<|assistant|>\n"
+
+
+@pytest.mark.parametrize("body, thinking", [
+    ({}, False),
+    ({"thinking": {"type": "enabled"}}, True),
+    ({"thinking": {"type": "disabled"}, "chat_template_kwargs": {"thinking": True}}, False),
+    ({"chat_template_kwargs": {"enable_thinking": True}}, True),
+])
+def test_thinking_is_asked_for_by_either_switch(v4, body, thinking):
+    assert chat.plan(v4, _request(**body), PARSERS).thinking is thinking
+
+
+def test_reasoning_effort_maps_to_the_formats_two_levels(v4):
+    def prompt(effort):
+        req = _request(thinking={"type": "enabled"}, reasoning_effort=effort)
+        return v4.decode(chat.plan(v4, req, PARSERS).prompt_ids, skip_special_tokens=False)
+
+    assert prompt("max").startswith(v4_encoding.BOS + v4_encoding.REASONING_EFFORT_MAX)
+    assert prompt("low") == prompt("high") == prompt(None)
+    with pytest.raises(APIError, match="reasoning_effort"):
+        prompt("extreme")
+
+
+def test_tool_modes_and_their_constraints(v4):
+    named = chat.plan(v4, _request(tools=[WEATHER, TIME], tool_choice={
+        "type": "function", "function": {"name": "get_weather"}}), ChatOptions())
+    assert named.tool_mode == "named" and named.tool_name == "get_weather"
+    assert json.loads(named.structured.json) == WEATHER["function"]["parameters"]
+    required = chat.plan(v4, _request(tools=[WEATHER, TIME], tool_choice="required",
+                                      parallel_tool_calls=False), ChatOptions())
+    schema = json.loads(required.structured.json)
+    assert schema["minItems"] == schema["maxItems"] == 1
+    assert [c["properties"]["name"]["enum"] for c in schema["items"]["anyOf"]] \
+        == [["get_weather"], ["get_time"]]
+    # a constrained request is rendered without thinking: the grammar starts at once
+    assert not chat.plan(v4, _request(tools=[WEATHER], tool_choice="required",
+                                      thinking={"type": "enabled"}), PARSERS).thinking
+    none = chat.plan(v4, _request(tools=[WEATHER], tool_choice="none"), ChatOptions())
+    assert none.tool_mode == "none"
+    assert "get_weather" not in v4.decode(none.prompt_ids, skip_special_tokens=False)
+
+
+@pytest.mark.parametrize("body, options, param", [
+    ({"tools": [WEATHER]}, ChatOptions(), "tool_choice"),        # auto needs the flags
+    ({"tools": [WEATHER], "tool_choice": "auto"}, ChatOptions("deepseek_v4"), "tool_choice"),
+    ({"tool_choice": "required"}, PARSERS, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     PARSERS, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": "required",
+      "response_format": {"type": "json_object"}}, PARSERS, "response_format"),
+    ({"guided_regex": "a", "guided_choice": ["a"]}, PARSERS, "guided_choice"),
+    ({"chat_template_kwargs": {"thinking": "yes"}}, PARSERS, "chat_template_kwargs"),
+])
+def test_requests_that_cannot_be_served_are_400s(v4, body, options, param):
+    with pytest.raises(APIError) as err:
+        chat.plan(v4, _request(**body), options)
+    assert err.value.status == 400 and err.value.param == param
+
+
+# -- reading the output ----------------------------------------------------------------
+
+DSML_TEXT = ('I will look it up.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n'
+             '<｜DSML｜parameter name="city" string="true">Paris "centre"</｜DSML｜parameter>\n'
+             '<｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>\n'
+             '</｜DSML｜invoke>\n</｜DSML｜tool_calls>')
+
+
+def _read(plan: ChatPlan, options: ChatOptions, pieces: list[str]) -> tuple[dict, dict]:
+    """(the message, the streamed deltas folded together) of one output."""
+    output = ChatOutput(plan, options)
+    folded: dict = {"content": "", "reasoning_content": "", "tool_calls": {}}
+    for i, piece in enumerate(pieces):
+        delta = output.feed(piece, final=i == len(pieces) - 1)
+        folded["content"] += delta.get("content", "")
+        folded["reasoning_content"] += delta.get("reasoning_content", "")
+        for call in delta.get("tool_calls", []):
+            slot = folded["tool_calls"].setdefault(call["index"], {"arguments": ""})
+            if "function" in call and "name" in call["function"]:
+                assert "id" in call and call["type"] == "function"
+                slot["name"] = call["function"]["name"]
+            slot["arguments"] += call["function"].get("arguments", "")
+    return output.message(), folded
+
+
+def _splits(text: str):
+    yield [text]
+    for at in range(len(text) + 1):
+        yield [text[:at], text[at:]]
+
+
+def _assert_stream_is_message(plan, options, text):
+    whole, _ = _read(plan, options, [text])
+    for pieces in _splits(text):
+        message, folded = _read(plan, options, pieces)
+        assert folded["content"] == (message["content"] or "")
+        assert folded["reasoning_content"] == message.get("reasoning_content", "")
+        calls = [(c["function"]["name"], c["function"]["arguments"])
+                 for c in message.get("tool_calls", [])]
+        assert [(c["name"], c["arguments"]) for c in folded["tool_calls"].values()] == calls
+        assert {k: v for k, v in message.items() if k != "tool_calls"} \
+            == {k: v for k, v in whole.items() if k != "tool_calls"}
+    return whole
+
+
+def test_auto_tool_calls_and_reasoning_read_alike_whole_and_streamed():
+    plan = ChatPlan([], True, "auto")
+    whole = _assert_stream_is_message(plan, PARSERS, "Paris is in France.</think>" + DSML_TEXT)
+    assert whole["reasoning_content"] == "Paris is in France."
+    assert whole["content"] == "I will look it up."
+    (call,) = whole["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": 'Paris "centre"', "days": 3}
+    assert ChatOutput(plan, PARSERS).finish_reason("stop") == "stop"
+
+
+def test_without_the_parsers_the_text_is_content():
+    plan = ChatPlan([], True, "none")
+    message, _ = _read(plan, ChatOptions(), ["a</think>" + DSML_TEXT])
+    assert message == {"role": "assistant", "content": "a</think>" + DSML_TEXT}
+
+
+def test_a_named_function_streams_its_arguments():
+    plan = ChatPlan([], False, "named", "get_weather")
+    text = '{"city": "Paris"}'
+    whole = _assert_stream_is_message(plan, PARSERS, text)
+    assert whole["content"] is None
+    assert whole["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": text}
+    output = ChatOutput(plan, PARSERS)
+    output.feed(text, final=True)
+    assert output.finish_reason("stop") == "tool_calls"
+    assert output.finish_reason("length") == "length"
+
+
+def test_required_calls_come_out_as_their_objects_close():
+    plan = ChatPlan([], False, "required")
+    text = ('[{"name": "get_weather", "parameters": {"city": "Paris"}}, '
+            '{"name": "get_time", "parameters": {}}]')
+    whole = _assert_stream_is_message(plan, PARSERS, text)
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in whole["tool_calls"]] == [("get_weather", {"city": "Paris"}),
+                                              ("get_time", {})]
+    cut = text[:70]                              # cut by max_tokens inside the second call
+    message = _assert_stream_is_message(plan, PARSERS, cut)
+    assert len(message["tool_calls"]) == 1 and message["content"] == cut[cut.rindex('{"name"'):]

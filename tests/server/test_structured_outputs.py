@@ -1,0 +1,186 @@
+"""Structured outputs and tool calls against the embedded model's server (the `make serve`
+command, with vLLM's parser flags), through the official openai client."""
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import jsonschema
+import openai
+import pytest
+
+from runtime.cli import default_model
+from tests.server.support import ServerProcess
+
+pytestmark = pytest.mark.slow
+
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 12},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "languages": {"type": "array", "items": {"enum": ["python", "c", "rust"]}, "maxItems": 3},
+    "active": {"type": "boolean"}},
+    "required": ["name", "age", "languages", "active"], "additionalProperties": False}
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The forecast for a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 16},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+        "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "days", "unit"], "additionalProperties": False}}}
+CLOCK = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {
+        "zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+        "additionalProperties": False}}}
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+PERSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+FLAGS = ("--reasoning-parser", "deepseek_v4", "--tool-call-parser", "deepseek_v4",
+         "--enable-auto-tool-choice")
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerProcess("--spec", "tiny", "--model", str(default_model("tiny")),
+                       "--enforce-eager", *FLAGS) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+
+
+def _ask(client, content: str, **kwargs):
+    return client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": content}], **kwargs)
+
+
+def _streamed(client, content: str, **kwargs) -> tuple[str, dict[int, dict], str]:
+    """(content, tool calls by index, finish reason) of a streamed chat completion."""
+    text, calls, finish = "", {}, None
+    for chunk in _ask(client, content, stream=True, **kwargs):
+        choice = chunk.choices[0]
+        text += choice.delta.content or ""
+        for call in choice.delta.tool_calls or []:
+            slot = calls.setdefault(call.index, {"name": None, "arguments": "", "id": None})
+            if call.id:
+                slot["id"], slot["name"] = call.id, call.function.name
+            slot["arguments"] += call.function.arguments or ""
+        finish = choice.finish_reason or finish
+    return text, calls, finish
+
+
+def test_json_schema_outputs_parse_and_validate_on_20_prompts(client):
+    prompts = [f"Describe person number {i} as JSON." for i in range(20)]
+
+    def one(i: int):
+        return _ask(client, prompts[i], response_format=PERSON_FORMAT, max_tokens=120,
+                    temperature=0.8, seed=i)
+
+    with ThreadPoolExecutor(8) as pool:
+        responses = list(pool.map(one, range(20)))
+    for response in responses:
+        choice = response.choices[0]
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(json.loads(choice.message.content), PERSON)
+    assert len({r.choices[0].message.content for r in responses}) > 1
+
+
+def test_a_streamed_json_schema_output_is_the_same_output(client):
+    kwargs = dict(response_format=PERSON_FORMAT, max_tokens=120, temperature=0)
+    whole = _ask(client, "A person, please.", **kwargs).choices[0].message.content
+    text, _, finish = _streamed(client, "A person, please.", **kwargs)
+    assert text == whole and finish == "stop"
+    jsonschema.validate(json.loads(text), PERSON)
+
+
+def test_a_named_function_returns_a_call_whose_arguments_validate(client):
+    kwargs = dict(tools=[WEATHER, CLOCK], tool_choice=NAMED, max_tokens=80, temperature=0)
+    choice = _ask(client, "Weather in Paris for three days?", **kwargs).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments),
+                        WEATHER["function"]["parameters"])
+    text, calls, finish = _streamed(client, "Weather in Paris for three days?", **kwargs)
+    assert text == "" and finish == "tool_calls"
+    assert [(c["name"], c["arguments"]) for c in calls.values()] \
+        == [("get_weather", call.function.arguments)]
+
+
+def test_required_tool_calls_name_a_tool_and_validate(client):
+    kwargs = dict(tools=[WEATHER, CLOCK], tool_choice="required", parallel_tool_calls=False,
+                  max_tokens=100, temperature=0)
+    choice = _ask(client, "What time is it?", **kwargs).choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    tool = {"get_weather": WEATHER, "get_time": CLOCK}[call.function.name]
+    jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+    _, calls, _ = _streamed(client, "What time is it?", **kwargs)
+    assert [(c["name"], c["arguments"]) for c in calls.values()] \
+        == [(call.function.name, call.function.arguments)]
+
+
+def test_auto_tool_calls_are_parsed_out_of_the_text(client):
+    """The tiny model writes no DSML by itself: a guided choice makes it write a call, and
+    the tool-call parser reads it as a V4 model's call would be read."""
+    dsml = ('Checking.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n'
+            '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n'
+            '<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n'
+            '</｜DSML｜invoke>\n</｜DSML｜tool_calls>')
+    kwargs = dict(tools=[WEATHER], max_tokens=200, temperature=0,
+                  extra_body={"guided_choice": [dsml]})
+    choice = _ask(client, "Weather?", **kwargs).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking."
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris", "days": 2}
+    text, calls, finish = _streamed(client, "Weather?", **kwargs)
+    assert (text, finish) == ("Checking.", "tool_calls")
+    assert [(c["name"], c["arguments"]) for c in calls.values()] \
+        == [("get_weather", call.function.arguments)]
+
+
+def test_thinking_output_goes_to_reasoning_content(client):
+    response = _ask(client, "Think.", max_tokens=16, temperature=0,
+                    extra_body={"chat_template_kwargs": {"thinking": True}})
+    message = response.choices[0].message
+    # no </think> in 16 tokens of the tiny model: an unfinished thinking block
+    assert message.content == "" and len(message.reasoning_content) > 0
+
+
+def test_completions_take_response_format_and_guided_fields(client):
+    obj = client.completions.create(model="tiny", prompt="data = ", max_tokens=60,
+                                    temperature=0, extra_body={"response_format": {
+                                        "type": "json_schema", "json_schema": {
+                                            "name": "p", "schema": PERSON}}})
+    jsonschema.validate(json.loads(obj.choices[0].text), PERSON)
+    regex = client.completions.create(model="tiny", prompt="date = ", max_tokens=20,
+                                      extra_body={"guided_regex": r"20[0-9]{2}-[01][0-9]"})
+    assert len(regex.choices[0].text) == 7 and regex.choices[0].text.startswith("20")
+    pick = client.completions.create(model="tiny", prompt="answer = ", max_tokens=8,
+                                     extra_body={"guided_choice": ["yes", "no"]})
+    assert pick.choices[0].text in ("yes", "no")
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "objec"}}}}, "response_format"),
+    ({"guided_regex": "[a-z"}, "guided_regex"),
+    ({"guided_json": "{not json"}, "guided_json"),
+    ({"structured_outputs": {"grammar": "start: nothing_here"}}, "structured_outputs"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+     "tool_choice"),
+])
+def test_a_bad_constraint_is_a_400_naming_its_field(client, body, param):
+    for endpoint in ("chat", "completions"):
+        if endpoint == "completions" and "tools" in body:
+            continue
+        with pytest.raises(openai.BadRequestError) as err:
+            if endpoint == "chat":
+                _ask(client, "hi", max_tokens=4, extra_body=body)
+            else:
+                client.completions.create(model="tiny", prompt="hi", max_tokens=4,
+                                          extra_body=body)
+        assert err.value.body["param"] == param
+    assert _ask(client, "still here?", max_tokens=2).choices[0].finish_reason == "length"
