@@ -184,6 +184,10 @@ def _decode_mtp(plan: Plan, k: int, batch: int, seq: int, name: str) -> KernelPl
                 "MTP state slot of each row; -1 marks an empty row"),
         _staged("slot_gens", "metadata", "int64", (R, batch), "[ranks, batch]",
                 "expected slot generation; a row whose slot moved on is left untouched"),
+        _staged("draft_mask", "input", "int32", (R, batch, (plan.vocab_size + 31) // 32),
+                "[ranks, batch, ceil(vocab / 32)]",
+                "tokens the first draft may take (bit t % 32 of word t // 32): a "
+                "constrained row's grammar mask at its tail; all bits set for the others"),
         *_model_args(plan, batch, "batch", extra_pools=(
         ArgPlan("mtp_slots", "pool", "int64", (R, N, len(MTP_SLOT_FIELDS)),
                 f"[ranks, slots + 1, {len(MTP_SLOT_FIELDS)}]",

@@ -235,7 +235,7 @@ class ModelRunner:
             slots = np.full(shape, -1, np.int32)
             slots[0, :live] = self.spec.pools.REQUEST_SLOTS_PER_RANK
             self.decode.launch(slot_ids=slots, slot_gens=np.zeros(shape, np.int64),
-                               mtp=self.mtp, **common)
+                               draft_mask=self._free_drafts(shape), mtp=self.mtp, **common)
             return
         lens = np.zeros(shape, np.int32)
         lens[0, :live] = 1
@@ -282,9 +282,14 @@ class ModelRunner:
         slot_ids, gens = np.full(shape, -1, np.int32), np.zeros(shape, np.int64)
         for rank, row, request in rows:
             slot_ids[rank, row], gens[rank, row] = request.slot, request.slot_generation
-        out = self._launch(self.decode, self.decode_name, slot_ids=slot_ids, slot_gens=gens,
-                           mtp=self.mtp, **common)
         requests, rows_params = self._params(rows, results)
+        tail_masks = self._masks_of([r for r, _ in requests])
+        draft_mask = self._free_drafts(shape)
+        if tail_masks is not None:
+            for (request, row), mask in zip(requests, tail_masks):
+                draft_mask[request.rank, row] = mask
+        out = self._launch(self.decode, self.decode_name, slot_ids=slot_ids, slot_gens=gens,
+                           draft_mask=draft_mask, mtp=self.mtp, **common)
         if not requests:
             return []
         t0 = time.perf_counter()
@@ -292,7 +297,7 @@ class ModelRunner:
         logits = out.logits.view(-1, *out.logits.shape[2:])[flat]            # [n, 2, V]
         draft = out.draft_ids.view(-1, out.draft_ids.shape[-1])[flat][:, 0]
         counts, seen = self._penalties_of(rows_params)
-        allowed = self._allowed_after_draft([r for r, _ in requests], draft)
+        allowed = self._allowed_after_draft([r for r, _ in requests], tail_masks, draft)
         tokens, kept, sound = batch_sampler.verify(logits, draft, rows_params, counts, seen,
                                                    allowed)
         self._advance_slots([r for r, _ in requests], tokens, kept,
@@ -488,24 +493,32 @@ class ModelRunner:
         return Vocabulary(path, config["vocab_size"],
                           config.get("eos_token_id") if eos is None else eos)
 
-    def _allowed(self, requests: list[Request]) -> torch.Tensor | None:
-        """[n, V] bool: the tokens each row may take next (None: no row is constrained)."""
+    def _masks_of(self, requests: list[Request]) -> np.ndarray | None:
+        """[n, ceil(V / 32)] int32: each row's grammar mask for its next token (None: no
+        row is constrained)."""
         if all(r.params.structured is None for r in requests):
             return None
-        masks = self._token_masks()
-        return self._unpack(masks.masks(requests))
+        return self._token_masks().masks(requests)
 
-    def _allowed_after_draft(self, requests: list[Request],
+    def _free_drafts(self, shape: tuple[int, int]) -> np.ndarray:
+        """A draft mask allowing every token to every row."""
+        words = (self.spec.architecture.CONFIG["vocab_size"] + 31) // 32
+        return np.full((*shape, words), -1, np.int32)
+
+    def _allowed(self, requests: list[Request]) -> torch.Tensor | None:
+        """[n, V] bool: the tokens each row may take next (None: no row is constrained)."""
+        masks = self._masks_of(requests)
+        return None if masks is None else self._unpack(masks)
+
+    def _allowed_after_draft(self, requests: list[Request], tail_masks: np.ndarray | None,
                              draft: torch.Tensor) -> torch.Tensor | None:
-        """[n, 2, V] bool for fused MTP rows: the mask at the tail and the mask after the
-        draft. The drafts of constrained rows come to the host for it (one small copy,
-        only in a step that has such a row)."""
-        now = self._allowed(requests)
-        if now is None:
+        """[n, 2, V] bool for fused MTP rows: the mask at the tail (the launch drafted
+        under it too) and the mask after the draft. The drafts of constrained rows come to
+        the host for it (one small copy, only in a step that has such a row)."""
+        if tail_masks is None:
             return None
-        drafts = draft.tolist()
-        later = self._unpack(self._token_masks().draft_masks(requests, drafts))
-        return torch.stack((now, later), dim=1)
+        later = self._token_masks().draft_masks(requests, draft.tolist())
+        return self._unpack(np.stack((tail_masks, later), axis=1))
 
     def _unpack(self, masks: np.ndarray) -> torch.Tensor:
         words = torch.from_numpy(masks).to(self.device)

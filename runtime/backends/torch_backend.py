@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from runtime.abi import KernelABI
+from runtime.batch_sampler import unpack_mask
 from runtime.model.forward import logits, main_model, mtp_block, mtp_write_kv
 from runtime.model.paging import PoolView, Segment
 from runtime.model.params import ModelParams
@@ -108,7 +109,8 @@ def _decode_mtp(kernel: KernelABI, named: dict) -> None:
     tails = torch.stack([named["mtp_slots"][r, slot, field.TAIL_TOKEN] for r, _, slot in rows])
     tail_pos = [int(named["mtp_slots"][r, slot, field.TAIL_POS]) for r, _, slot in rows]
     hidden = torch.stack([named["mtp_slot_hidden"][r, slot] for r, _, slot in rows])
-    drafts = _draft(params, kernel, view, rows, tails, tail_pos, hidden, k)
+    masks = torch.stack([named["draft_mask"][r, b] for r, b, _ in rows])
+    drafts = _draft(params, kernel, view, rows, tails, tail_pos, hidden, k, masks)
     segments = [Segment(r, b, pos, k + 1, i * (k + 1))
                 for i, ((r, b, _), pos) in enumerate(zip(rows, tail_pos))]
     ids = torch.cat((tails[:, None], drafts), dim=1).reshape(-1)
@@ -132,15 +134,20 @@ def _live_rows(named: dict, field) -> list[tuple[int, int, int]]:
 
 def _draft(params: ModelParams, kernel: KernelABI, view: PoolView,
            rows: list[tuple[int, int, int]], tails: torch.Tensor, tail_pos: list[int],
-           hidden: torch.Tensor, k: int) -> torch.Tensor:
+           hidden: torch.Tensor, k: int, masks: torch.Tensor) -> torch.Tensor:
     """K greedy drafts per row; step i runs the MTP block at position tail_pos - 1 + i on
-    (streams, token), chaining the block's own output streams and draft."""
+    (streams, token), chaining the block's own output streams and draft. The first draft
+    takes only tokens its row's mask [rows, ceil(V / 32)] allows."""
     layer = params.args.mtp_layers[0]
     token, drafts = tails, []
     for step in range(k):
         segments = [Segment(r, b, pos - 1 + step, 1, i)
                     for i, ((r, b, _), pos) in enumerate(zip(rows, tail_pos))]
         hidden = mtp_block(params, layer, hidden, token, segments, view, kernel.tile)
-        token = logits(params, hidden, params.args.prefix(layer)).argmax(-1)
+        scores = logits(params, hidden, params.args.prefix(layer))
+        if step == 0:
+            allowed = unpack_mask(masks, scores.shape[-1])
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        token = scores.argmax(-1)
         drafts.append(token)
     return torch.stack(drafts, dim=1)

@@ -112,7 +112,9 @@ def test_staging_buffers_are_allocated_once_and_reused(alt):
 
 
 def _decode_kwargs(alt, **override) -> dict:
+    words = (alt.architecture.CONFIG["vocab_size"] + 31) // 32
     kwargs = dict(slot_ids=np.zeros((4, 8), np.int32), slot_gens=np.ones((4, 8), np.int64),
+                  draft_mask=np.full((4, 8, words), -1, np.int32),
                   pools=alt.pools.allocate(_blocks(alt)), mtp=alt.pools.allocate_mtp_state(),
                   weights=Weights(alt.architecture.FINGERPRINT), context=100,
                   **_tables(alt, 4, 8))

@@ -32,8 +32,10 @@ def test_b4s2_to_b8s2_changes_only_the_affected_files(tmp_path):
     tables = {f"block_table_{n}": np.zeros((ranks, 8, g.table_width), np.int32)
               for n, g in pkg.pools.GROUPS.items()}
     weights = type("W", (), {"fingerprint": pkg.architecture.FINGERPRINT})()
+    words = (pkg.architecture.CONFIG["vocab_size"] + 31) // 32
     outputs = wrapper.launch(slot_ids=np.zeros((ranks, 8), np.int32),
                          slot_gens=np.zeros((ranks, 8), np.int64),
+                         draft_mask=np.full((ranks, 8, words), -1, np.int32),
                          pools=pkg.pools.allocate({n: 1 for n in pkg.pools.GROUPS}),
                          mtp=pkg.pools.allocate_mtp_state(), weights=weights, context=10,
                          **tables)

@@ -127,8 +127,9 @@ def _decode_launch(params, k: int, live: int, backend: str):
         for row in range(live):
             slots[row % C.RANKS, row // C.RANKS] = row // C.RANKS
             mtp.slots[row % C.RANKS, row // C.RANKS, REF.pools.MtpField.TAIL_POS] = 299
+        free = np.full(shape + ((REF.architecture.CONFIG["vocab_size"] + 31) // 32,), -1, np.int32)
         return wrapper, dict(slot_ids=slots, slot_gens=np.zeros(shape, np.int64), mtp=mtp,
-                             **common)
+                             draft_mask=free, **common)
     lens = np.zeros(shape, np.int32)
     for row in range(live):
         lens[row % C.RANKS, row // C.RANKS] = 1
@@ -148,6 +149,23 @@ def test_a_decode_launch_has_no_host_sync_and_a_fixed_op_count(params, k):
     # 2, 8 or 32 rows: the same ops (one row takes a few more: einsum treats a size-1
     # dimension its own way); never more ops for more rows
     assert len(set(counts[1:])) == 1 and counts[-1] <= counts[0], counts
+
+
+@pytest.mark.parametrize("backend", ["torch", "compiled-eager"])
+def test_the_first_draft_takes_only_what_its_mask_allows(params, backend):
+    """A constrained row's grammar mask goes into the fused launch: the MTP draft is the
+    best token the grammar allows, so it can be accepted."""
+    wrapper, kwargs = _decode_launch(params, 1, 8, backend)
+    rows = [(row % C.RANKS, row // C.RANKS) for row in range(8)]      # the live rows
+    free = wrapper.launch(**kwargs).draft_ids.clone()
+    words = kwargs["draft_mask"]
+    words[:] = 0
+    allowed = {}
+    for i, (r, b) in enumerate(rows):                 # one token, a different one per row
+        token = allowed[r, b] = (int(free[r, b, 0]) + 1 + 37 * i) % 500
+        words[r, b, token // 32] = np.uint32(1 << (token % 32)).view(np.int32)
+    drafts = wrapper.launch(**kwargs).draft_ids
+    assert {(r, b): int(drafts[r, b, 0]) for r, b in rows} == allowed
 
 
 def test_the_sync_detector_catches_a_sync(params):

@@ -40,6 +40,12 @@ def test_prompt_then_single_token_steps_match(params):
     assert_top5_rows(rows, case["main_top5_ids"], case["main_top5_logprobs"])
 
 
+def _free_drafts(rows: int) -> np.ndarray:
+    """A draft mask that allows every token (an unconstrained row)."""
+    words = (REF.architecture.CONFIG["vocab_size"] + 31) // 32
+    return np.full((C.RANKS, rows, words), -1, np.int32)
+
+
 def _weights_kwargs(driver: Driver, rows: int) -> dict:
     tables = driver.block_tables(rows)
     return {f"block_table_{g}": t for g, t in tables.items()} | {"pools": driver.pools,
@@ -137,6 +143,7 @@ def test_mtp_prefill_and_fused_decode_draft_like_the_reference(params, backend):
         gens[2, 3] = generation
         tail_pos = int(mtp.slots[2, slot, FIELD.TAIL_POS])
         step = fused.launch(slot_ids=slot_ids, slot_gens=gens, mtp=mtp, context=tail_pos + 2,
+                            draft_mask=_free_drafts(layout.batch),
                             **_weights_kwargs(driver, layout.batch))
         draft = int(step.draft_ids[2, 3, 0])
         assert_top5_rows(step.logits[2, 3, :1], [case["main_top5_ids"][tail_pos - 1 + 1]],
@@ -173,6 +180,7 @@ def test_a_stale_generation_leaves_the_slot_and_outputs_alone(params, backend):
     fused = REF.kernels.DECODE_BY_K[1](backend=backend)
     fused.logits.fill_(7.0)
     out = fused.launch(slot_ids=slot_ids, slot_gens=gens, mtp=mtp, context=12,
+                       draft_mask=_free_drafts(layout.batch),
                        **_weights_kwargs(driver, layout.batch))
     assert (out.logits == 7.0).all()
     assert torch.equal(before, driver.pools.ori[:, :, :-1])

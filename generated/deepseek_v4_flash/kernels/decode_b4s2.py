@@ -29,6 +29,7 @@ K = 1
 ARGS = (
     Arg("slot_ids", "metadata", torch.int32, (None, 4), "[ranks, batch]"),
     Arg("slot_gens", "metadata", torch.int64, (None, 4), "[ranks, batch]"),
+    Arg("draft_mask", "input", torch.int32, (None, 4, 4040), "[ranks, batch, ceil(vocab / 32)]"),
     Arg("block_table_ori", "metadata", torch.int32, (None, 4, 3), "[ranks, batch, 3]"),
     Arg("block_table_cmp_c128", "metadata", torch.int32, (None, 4, 8192), "[ranks, batch, 8192]"),
     Arg("block_table_cmp_c4", "metadata", torch.int32, (None, 4, 8192), "[ranks, batch, 8192]"),
@@ -118,6 +119,9 @@ class Args(NamedTuple):
     slot_ids: torch.Tensor
     # [ranks, batch]: expected slot generation; a row whose slot moved on is left untouched
     slot_gens: torch.Tensor
+    # [ranks, batch, ceil(vocab / 32)]: tokens the first draft may take (bit t % 32 of word t //
+    # 32): a constrained row's grammar mask at its tail; all bits set for the others
+    draft_mask: torch.Tensor
     # [ranks, batch, 3]: rank-local ori block ids per row; -1 (the scratch page) past the last
     # block
     block_table_ori: torch.Tensor
@@ -204,6 +208,7 @@ class DecodeB4S2:
         self.backend = get_backend(backend)
         self.slot_ids = torch.zeros((self.ranks, 4), dtype=torch.int32, device=self.device)
         self.slot_gens = torch.zeros((self.ranks, 4), dtype=torch.int64, device=self.device)
+        self.draft_mask = torch.zeros((self.ranks, 4, 4040), dtype=torch.int32, device=self.device)
         self.block_table_ori = torch.zeros(
             (self.ranks, 4, 3), dtype=torch.int32, device=self.device,
         )
@@ -238,6 +243,7 @@ class DecodeB4S2:
         *,
         slot_ids: HostData,
         slot_gens: HostData,
+        draft_mask: HostData,
         block_table_ori: HostData,
         block_table_cmp_c128: HostData,
         block_table_cmp_c4: HostData,
@@ -254,22 +260,23 @@ class DecodeB4S2:
         return Args(
             slot_ids=stage(self.slot_ids, slot_ids, ARGS[0]),
             slot_gens=stage(self.slot_gens, slot_gens, ARGS[1]),
-            block_table_ori=stage(self.block_table_ori, block_table_ori, ARGS[2]),
-            block_table_cmp_c128=stage(self.block_table_cmp_c128, block_table_cmp_c128, ARGS[3]),
-            block_table_cmp_c4=stage(self.block_table_cmp_c4, block_table_cmp_c4, ARGS[4]),
-            block_table_idx=stage(self.block_table_idx, block_table_idx, ARGS[5]),
-            block_table_hca_state=stage(self.block_table_hca_state, block_table_hca_state, ARGS[6]),
-            block_table_csa_state=stage(self.block_table_csa_state, block_table_csa_state, ARGS[7]),
-            block_table_csa_inner_state=stage(self.block_table_csa_inner_state, block_table_csa_inner_state, ARGS[8]),
-            pool_ori=check_tensor(pools.ori, ARGS[9], self._shape(ARGS[9]), self.device),
-            pool_cmp_c128=check_tensor(pools.cmp_c128, ARGS[10], self._shape(ARGS[10]), self.device),
-            pool_cmp_c4=check_tensor(pools.cmp_c4, ARGS[11], self._shape(ARGS[11]), self.device),
-            pool_idx=check_tensor(pools.idx, ARGS[12], self._shape(ARGS[12]), self.device),
-            pool_hca_state=check_tensor(pools.hca_state, ARGS[13], self._shape(ARGS[13]), self.device),
-            pool_csa_state=check_tensor(pools.csa_state, ARGS[14], self._shape(ARGS[14]), self.device),
-            pool_csa_inner_state=check_tensor(pools.csa_inner_state, ARGS[15], self._shape(ARGS[15]), self.device),
-            mtp_slots=check_tensor(mtp.slots, ARGS[16], self._shape(ARGS[16]), self.device),
-            mtp_slot_hidden=check_tensor(mtp.hidden, ARGS[17], self._shape(ARGS[17]), self.device),
+            draft_mask=stage(self.draft_mask, draft_mask, ARGS[2]),
+            block_table_ori=stage(self.block_table_ori, block_table_ori, ARGS[3]),
+            block_table_cmp_c128=stage(self.block_table_cmp_c128, block_table_cmp_c128, ARGS[4]),
+            block_table_cmp_c4=stage(self.block_table_cmp_c4, block_table_cmp_c4, ARGS[5]),
+            block_table_idx=stage(self.block_table_idx, block_table_idx, ARGS[6]),
+            block_table_hca_state=stage(self.block_table_hca_state, block_table_hca_state, ARGS[7]),
+            block_table_csa_state=stage(self.block_table_csa_state, block_table_csa_state, ARGS[8]),
+            block_table_csa_inner_state=stage(self.block_table_csa_inner_state, block_table_csa_inner_state, ARGS[9]),
+            pool_ori=check_tensor(pools.ori, ARGS[10], self._shape(ARGS[10]), self.device),
+            pool_cmp_c128=check_tensor(pools.cmp_c128, ARGS[11], self._shape(ARGS[11]), self.device),
+            pool_cmp_c4=check_tensor(pools.cmp_c4, ARGS[12], self._shape(ARGS[12]), self.device),
+            pool_idx=check_tensor(pools.idx, ARGS[13], self._shape(ARGS[13]), self.device),
+            pool_hca_state=check_tensor(pools.hca_state, ARGS[14], self._shape(ARGS[14]), self.device),
+            pool_csa_state=check_tensor(pools.csa_state, ARGS[15], self._shape(ARGS[15]), self.device),
+            pool_csa_inner_state=check_tensor(pools.csa_inner_state, ARGS[16], self._shape(ARGS[16]), self.device),
+            mtp_slots=check_tensor(mtp.slots, ARGS[17], self._shape(ARGS[17]), self.device),
+            mtp_slot_hidden=check_tensor(mtp.hidden, ARGS[18], self._shape(ARGS[18]), self.device),
             weights=check_weights(weights, FINGERPRINT, SPEC_NAME),
             context=context,
             logits=self.logits,

@@ -19,6 +19,7 @@ import torch
 from runtime.abi import KernelABI
 from runtime.backends.compiled import expert_parallel
 from runtime.backends.compiled.model import Call, CompiledModel
+from runtime.batch_sampler import unpack_mask
 
 
 def live_rows(kernel: KernelABI, args) -> np.ndarray:
@@ -65,7 +66,11 @@ def decode_mtp(model: CompiledModel, kernel: KernelABI, args, index: torch.Tenso
     for step in range(k):          # K is the layout's: unrolled, not data-driven
         call = Call(token[:, None], tail_pos - 1 + step, live, rank, tables)
         hidden = model.mtp(hidden[:, None], call, pools, bucket)[:, 0]
-        token = model.logits(hidden, mtp=True).argmax(-1)
+        logits = model.logits(hidden, mtp=True)
+        if step == 0:              # the first draft follows the tail: the tail's mask holds
+            allowed = unpack_mask(_flat(args.draft_mask)[index], logits.shape[-1])
+            logits = logits.masked_fill(~allowed, float("-inf"))
+        token = logits.argmax(-1)
         drafts.append(token)
     drafts = torch.stack(drafts, dim=1)
     call = Call(torch.cat((tail[:, None], drafts), dim=1), tail_pos, live * (k + 1), rank,
