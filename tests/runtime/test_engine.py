@@ -113,8 +113,8 @@ def test_accepted_drafts_keep_greedy_output_identical(params, oracle_drafts):
     assert_all_free(engine)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("k", [0, 1])
+# each backend once and each K once (every pairing costs ~35 s of the suite's budget)
+@pytest.mark.parametrize("backend, k", [("torch", 0), ("compiled-eager", 1)])
 def test_preemption_under_pool_pressure_keeps_every_output(params, k, backend):
     """Prompts of 120 tokens fill a rank's compressed pools at admission; decoding past
     position 131 needs a second CSA block each, which only preemption can free."""

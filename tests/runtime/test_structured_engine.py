@@ -79,13 +79,15 @@ def test_seeded_choices_stay_in_the_choice_and_repeat(params):
 def test_preemption_keeps_constrained_outputs(params):
     """Decoding past position 131 needs a second CSA block, which only preemption frees:
     a preempted request comes back with its output, and its matcher reads it again."""
-    prompts = [random_prompt(120, i) for i in range(32)]
-    text = SamplingParams(temperature=0, max_tokens=40,     # 20 words: 40 tokens or more
+    prompts = [random_prompt(120, i) for i in range(24)]
+    text = SamplingParams(temperature=0, max_tokens=24,     # 20 words: never done by then
                           structured=StructuredOutputs(regex="[a-z]{1,9}( [a-z]{1,9}){19,}"))
-    calm = make_engine(params, num_speculative_tokens=1, backend="torch").generate(prompts, text)
+    calm = make_engine(params, num_speculative_tokens=1,
+                       backend="compiled-eager").generate(prompts, text)
     tight = capacity.bytes_for(TINY.pools.GROUPS, 8, 128 * 4)   # a block for 4 requests a rank
     engine = make_engine(params, num_speculative_tokens=1, kv_cache_memory=tight,
-                         max_model_len=512, enable_prefix_caching=False, backend="torch")
+                         max_model_len=512, enable_prefix_caching=False,
+                         backend="compiled-eager")
     pressed = engine.generate(prompts, text)
     assert engine.scheduler.num_preemptions > 0
     assert [o.output_ids for o in pressed] == [o.output_ids for o in calm]
