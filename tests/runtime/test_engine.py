@@ -84,8 +84,8 @@ def oracle_drafts(monkeypatch):
     table: dict[int, int] = {}
     real = torch_backend._draft
 
-    def draft(params, kernel, view, rows, tails, tail_pos, hidden, k):
-        drafts = real(params, kernel, view, rows, tails, tail_pos, hidden, k)
+    def draft(params, kernel, view, rows, tails, tail_pos, hidden, k, masks):
+        drafts = real(params, kernel, view, rows, tails, tail_pos, hidden, k, masks)
         for i, pos in enumerate(tail_pos):
             if pos + 1 in table:
                 right = table[pos + 1]
