@@ -125,7 +125,6 @@ def test_auto_tool_calls_are_parsed_out_of_the_text(client):
     """The tiny model writes no DSML by itself: a guided choice makes it write a call, and
     the tool-call parser reads it as a V4 model's call would be read."""
     dsml = ('Checking.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n'
-            '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n'
             '<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n'
             '</｜DSML｜invoke>\n</｜DSML｜tool_calls>')
     kwargs = dict(tools=[WEATHER], max_tokens=200, temperature=0,
@@ -134,11 +133,20 @@ def test_auto_tool_calls_are_parsed_out_of_the_text(client):
     assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking."
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather"
-    assert json.loads(call.function.arguments) == {"city": "Paris", "days": 2}
+    assert json.loads(call.function.arguments) == {"days": 2}
     text, calls, finish = _streamed(client, "Weather?", **kwargs)
     assert (text, finish) == ("Checking.", "tool_calls")
     assert [(c["name"], c["arguments"]) for c in calls.values()] \
         == [("get_weather", call.function.arguments)]
+
+
+def test_tokenize_shows_the_chat_prompt(server):
+    import httpx
+
+    body = {"messages": [{"role": "user", "content": "Weather?"}], "tools": [WEATHER]}
+    ids = httpx.post(f"{server.url}/tokenize", json=body).json()["tokens"]
+    text = httpx.post(f"{server.url}/detokenize", json={"tokens": ids}).json()["prompt"]
+    assert text == "<|user|>\nWeather?\n<|assistant|>\n"    # the tiny model's template
 
 
 def test_thinking_output_goes_to_reasoning_content(client):
