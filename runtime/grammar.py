@@ -23,6 +23,9 @@ import numpy as np
 # may add whitespace anywhere can spend its whole budget on it)
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_OBJECT = '{"type": "object"}'
+# the regex analysis a constraint may cost when it is built (llguidance's default is 1 M,
+# ~20 ms; a pathological regex reached seconds): a mask step's own budget stays default
+LIMITS = llguidance.LLParserLimits(initial_lexer_fuel=300_000)
 
 
 class GrammarError(ValueError):
@@ -51,9 +54,10 @@ class StructuredOutputs:
             schema = self.json if self.json is not None else ANY_OBJECT
             try:
                 json.loads(schema)
-            except ValueError as exc:
-                raise GrammarError(f"the JSON schema is not valid JSON: {exc}") from None
-            return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+                return llguidance.LLMatcher.grammar_from_json_schema(schema,
+                                                                     defaults=JSON_OPTIONS)
+            except (ValueError, RecursionError) as exc:
+                raise GrammarError(f"the JSON schema is not usable: {exc}") from None
         if self.regex is not None:
             return llguidance.LLMatcher.grammar_from_regex(self.regex)
         if self.choice is not None:
@@ -82,15 +86,22 @@ class Vocabulary:
                                f"tokenizer: {exc}") from None
 
     def check(self, constraint: StructuredOutputs) -> None:
-        """GrammarError if the constraint does not compile for this vocabulary."""
-        error = llguidance.LLMatcher.validate_grammar(constraint.definition(), self.tokenizer)
+        """GrammarError if the constraint does not compile for this vocabulary, or cannot
+        give its first mask within the limits (what the runner will do first)."""
+        error = llguidance.LLMatcher.validate_grammar(constraint.definition(), self.tokenizer,
+                                                      limits=LIMITS)
         if error:
-            raise GrammarError(error.strip().splitlines()[0])
+            raise GrammarError(_first_line(error))
+        matcher = self.matcher(constraint)
+        self.bitmask(matcher)
+        if matcher.is_error():
+            raise GrammarError(_first_line(matcher.get_error()))
 
     def matcher(self, constraint: StructuredOutputs) -> llguidance.LLMatcher:
-        matcher = llguidance.LLMatcher(self.tokenizer, constraint.definition(), log_level=0)
+        matcher = llguidance.LLMatcher(self.tokenizer, constraint.definition(), log_level=0,
+                                       limits=LIMITS)
         if matcher.is_error():
-            raise GrammarError(matcher.get_error())
+            raise GrammarError(_first_line(matcher.get_error()))
         return matcher
 
     def bitmask(self, matcher: llguidance.LLMatcher) -> np.ndarray:
@@ -104,48 +115,65 @@ class Vocabulary:
 @dataclass
 class _Follower:
     matcher: llguidance.LLMatcher
-    consumed: int = 0          # output tokens the matcher has read
+    consumed: int = 0                  # output tokens the matcher has read
+    mask: np.ndarray | None = None     # its mask after them, once computed
 
 
 class TokenMasks:
     """The matchers of one runner's constrained requests, each kept in step with its
     request's output: before a mask is computed, the matcher reads the output tokens it
     has not seen (whatever committed them: a step, a preemption and re-admission on this
-    rank, a stop), so it never depends on the order the runner sees steps in."""
+    rank, a stop), so it never depends on the order the runner sees steps in.
+
+    mask() raises GrammarError for a request whose matcher fails (a token it refuses, a
+    lexer limit); the runner asks it inside the request's own guard, so that request
+    alone fails, and masks() then reads the cached masks."""
 
     def __init__(self, vocabulary: Vocabulary):
         self.vocabulary = vocabulary
         self._followers: dict[str, _Follower] = {}
 
+    def mask(self, request) -> np.ndarray:
+        """[words] int32: the request's mask after its output so far."""
+        follower = self._follow(request)
+        if follower.mask is None:
+            follower.mask = self.vocabulary.bitmask(follower.matcher)
+            _check(follower.matcher)
+        return follower.mask
+
     def masks(self, requests: list) -> np.ndarray:
-        """[n, words] int32: each request's mask after its output so far (all ones for an
-        unconstrained one)."""
+        """[n, words] int32: each request's mask (all ones for an unconstrained one)."""
         out = np.full((len(requests), self.vocabulary.words), -1, np.int32)
         for i, request in enumerate(requests):
             if request.params.structured is not None:
-                out[i] = self.vocabulary.bitmask(self.follow(request).matcher)
+                out[i] = self.mask(request)
         return out
 
-    def draft_masks(self, requests: list, drafts: list[int]) -> np.ndarray:
+    def draft_masks(self, requests: list, drafts: list[int], tail: np.ndarray) -> np.ndarray:
         """[n, words]: each constrained request's mask one token later, had it accepted its
-        draft. A draft the grammar refuses cannot be accepted (its probability is 0), so
-        its row's mask does not matter: it allows everything."""
-        out = np.full((len(requests), self.vocabulary.words), -1, np.int32)
+        draft; `tail` [n, words] are the masks before it. A draft the grammar refuses
+        cannot be accepted (its probability is 0), and after the grammar's end nothing
+        changes: such rows keep the tail's mask."""
+        out = tail.copy()
         for i, (request, draft) in enumerate(zip(requests, drafts)):
             if request.params.structured is None:
                 continue
-            matcher = self.follow(request).matcher
-            # a refused token would leave the matcher in its error state: check it first
-            if matcher.validate_tokens([draft]) != 1 or not matcher.consume_token(draft):
+            matcher = self._follow(request).matcher
+            # a refused token would leave the matcher in its error state: check it first,
+            # and read the mask after it on a copy
+            if matcher.is_stopped() or matcher.validate_tokens([draft]) != 1:
                 continue
-            out[i] = self.vocabulary.bitmask(matcher)
-            matcher.rollback(1)
+            ahead = matcher.deep_copy()
+            if ahead.consume_token(draft):
+                mask = self.vocabulary.bitmask(ahead)
+                if not ahead.is_error():
+                    out[i] = mask
         return out
 
     def forget(self, request_id: str) -> None:
         self._followers.pop(request_id, None)
 
-    def follow(self, request) -> _Follower:
+    def _follow(self, request) -> _Follower:
         """The request's matcher, built on first use, having read its whole output."""
         follower = self._followers.get(request.request_id)
         output = request.output_ids
@@ -153,6 +181,19 @@ class TokenMasks:
             follower = _Follower(self.vocabulary.matcher(request.params.structured))
             self._followers[request.request_id] = follower
         if follower.consumed < len(output):
-            follower.matcher.consume_tokens(output[follower.consumed:])
-            follower.consumed = len(output)
+            for token in output[follower.consumed:]:
+                if follower.matcher.is_stopped():     # past the grammar's end (ignore_eos)
+                    break
+                follower.matcher.consume_token(token)
+            follower.consumed, follower.mask = len(output), None
+            _check(follower.matcher)
         return follower
+
+
+def _check(matcher: llguidance.LLMatcher) -> None:
+    if matcher.is_error():
+        raise GrammarError(f"the output left its grammar: {_first_line(matcher.get_error())}")
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else "unknown error"

@@ -435,7 +435,7 @@ class ModelRunner:
     def _row(self, request: Request) -> tuple:
         """(params, seed, output index, state slot) of a request's sampling row."""
         if request.params.structured is not None:
-            self._token_masks().follow(request)      # a grammar that fails, fails here
+            self._token_masks().mask(request)      # a grammar that fails, fails here
         return (request.params, self._seed(request), len(request.output_ids),
                 self._state(request))
 
@@ -517,7 +517,7 @@ class ModelRunner:
         the host for it (one small copy, only in a step that has such a row)."""
         if tail_masks is None:
             return None
-        later = self._token_masks().draft_masks(requests, draft.tolist())
+        later = self._token_masks().draft_masks(requests, draft.tolist(), tail_masks)
         return self._unpack(np.stack((tail_masks, later), axis=1))
 
     def _unpack(self, masks: np.ndarray) -> torch.Tensor:

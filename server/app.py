@@ -236,12 +236,15 @@ def _max_tokens(state: ServerState, requested: int | None, prompt_len: int, para
     return requested
 
 
-def _check_structured(state: ServerState, params: SamplingParams, field: str | None) -> None:
-    """A 400 naming `field` if the request's output constraint does not compile."""
+async def _check_structured(state: ServerState, params: SamplingParams,
+                            field: str | None) -> None:
+    """A 400 naming `field` if the request's output constraint does not compile (in a
+    thread: building the vocabulary the first time, or a large grammar, takes a while
+    that the other streams must not wait)."""
     if params.structured is None:
         return
     try:
-        state.vocabulary().check(params.structured)
+        await asyncio.to_thread(lambda: state.vocabulary().check(params.structured))
     except GrammarError as exc:
         raise bad_request(f"{field}: {exc}", field) from None
 
@@ -372,7 +375,7 @@ async def completions(state: ServerState, request: Request) -> Response:
     ranked = candidates > req.n
     params = req.sampling(max_tokens, 0 if ranked and req.logprobs is None else req.logprobs,
                           req.structured())
-    _check_structured(state, params, req.structured_source())
+    await _check_structured(state, params, req.structured_source())
     for ids in prompts:
         _validate(state, req, ids, params)
     base = f"cmpl-{next(state.ids)}-{int(time.time() * 1000)}"
@@ -468,8 +471,8 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
     max_tokens = _max_tokens(state, requested, len(ids), param)
     top = (req.top_logprobs or 0) if req.logprobs else None
     params = req.sampling(max_tokens, top, plan.structured)
-    _check_structured(state, params, "tool_choice" if plan.tool_mode in ("named", "required")
-                      else req.structured_source())
+    await _check_structured(state, params, "tool_choice" if plan.tool_mode in (
+        "named", "required") else req.structured_source())
     _validate(state, req, ids, params)
 
     def reader() -> ChatOutput:

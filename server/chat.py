@@ -100,7 +100,7 @@ def render(tokenizer: Tokenizer, messages: list[dict], *, thinking: bool = False
             text = v4_encoding.encode(messages, thinking=thinking, reasoning_effort=effort,
                                       tools=[{"type": "function", "function": t}
                                              for t in tools or []])
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise bad_request(f"the messages do not fit the V4 chat format: {exc}",
                               "messages") from None
         return tokenizer.encode(text, add_special_tokens=False)

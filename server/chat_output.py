@@ -120,7 +120,7 @@ class ChatOutput:
             try:
                 call, end = _DECODER.raw_decode(self.raw, at)
                 name, args = call["name"], json.dumps(call["parameters"], ensure_ascii=False)
-            except (ValueError, TypeError, KeyError):
+            except (ValueError, TypeError, KeyError, RecursionError):
                 break
             calls.append(self._call(name, args))
             self._read = end

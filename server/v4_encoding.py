@@ -198,7 +198,7 @@ def _arguments(raw) -> dict:
         return {"arguments": to_json(raw)}
     try:
         value = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return {"arguments": raw}
     return value if isinstance(value, dict) else {"arguments": raw}
 

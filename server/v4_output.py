@@ -98,7 +98,7 @@ def json_value(text: str) -> bool:
         raise ValueError(constant)
     try:
         json.loads(text, parse_constant=reject)
-    except ValueError:
+    except (ValueError, RecursionError):          # nested past Python's recursion limit
         return False
     return True
 

@@ -46,14 +46,16 @@ def test_a_constraint_is_exactly_one_kind():
         StructuredOutputs()
     with pytest.raises(GrammarError, match="exactly one"):
         StructuredOutputs(regex="a", choice=("a",))
-    with pytest.raises(GrammarError, match="not valid JSON"):
-        StructuredOutputs(json="{").definition()
+    for schema in ("{", "[" * 100_000, "true"):     # not JSON, too deep, not an object
+        with pytest.raises(GrammarError, match="not usable"):
+            StructuredOutputs(json=schema).definition()
 
 
 @pytest.mark.parametrize("so, message", [
     (StructuredOutputs(json='{"type": "objec"}'), "objec"),
     (StructuredOutputs(regex="[a-z"), "regex"),
     (StructuredOutputs(grammar="start: missing_rule"), "missing_rule"),
+    (StructuredOutputs(regex="[^\\x00-\\U0010FFFF]"), "."),      # matches nothing
 ])
 def test_a_constraint_that_does_not_compile_is_refused(vocabulary, so, message):
     with pytest.raises(GrammarError, match=message):
@@ -90,8 +92,9 @@ def test_a_refused_draft_leaves_the_matcher_usable(vocabulary, tokenizer):
     request = _request(so, [])
     refused = tokenizer.encode("{", add_special_tokens=False)[0]
     accepted = tokenizer.encode("yes", add_special_tokens=False)[0]
-    after = masks.draft_masks([request, request], [refused, accepted])
-    assert (after[0] == -1).all()                       # refused: the row does not matter
+    tail = masks.masks([request, request])
+    after = masks.draft_masks([request, request], [refused, accepted], tail)
+    assert (after[0] == tail[0]).all()                  # refused: the row does not matter
     assert _allowed(vocabulary, after[1]) != _allowed(vocabulary, masks.masks([request])[0])
     # the matcher still sits at the start: the same mask as a fresh one
     fresh = TokenMasks(vocabulary).masks([_request(so, [], "other")])
@@ -154,3 +157,25 @@ def test_verification_keeps_no_refused_draft_and_masks_the_bonus():
     tokens, kept, _ = batch_sampler.verify(logits, draft, _rows([SamplingParams(
         temperature=0)] * 4), None, None, keep)
     assert kept.all() and (tokens[:, 1] >= 16).all()
+
+
+def test_an_output_the_grammar_refuses_fails_its_mask(vocabulary, tokenizer):
+    masks = TokenMasks(vocabulary)
+    so = StructuredOutputs(choice=("yes", "no"))
+    wrong = tokenizer.encode("{", add_special_tokens=False)
+    with pytest.raises(GrammarError, match="left its grammar"):
+        masks.mask(_request(so, wrong))
+
+
+def test_after_the_grammar_ends_only_eos_and_drafts_change_nothing(vocabulary, tokenizer):
+    """ignore_eos runs past the end: the matcher stays stopped, every mask (the one after
+    a draft too) allows EOS alone."""
+    masks = TokenMasks(vocabulary)
+    so = StructuredOutputs(choice=("yes",))
+    done = tokenizer.encode("yes", add_special_tokens=False) + [tokenizer.eos_id]
+    request = _request(so, done + [tokenizer.eos_id, 5])
+    tail = masks.masks([request])
+    assert _allowed(vocabulary, tail[0]) == {tokenizer.eos_id}
+    after = masks.draft_masks([request], [tokenizer.eos_id], tail)
+    assert (after == tail).all()
+

@@ -111,6 +111,18 @@ def test_requests_that_cannot_be_served_are_400s(v4, body, options, param):
     assert err.value.status == 400 and err.value.param == param
 
 
+def test_history_arguments_too_deep_to_parse_are_rendered_as_a_string(v4):
+    deep = "[" * 100_000
+    req = _request(messages=[
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function",
+             "function": {"name": "f", "arguments": deep}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"}])
+    text = v4.decode(chat.plan(v4, req, PARSERS).prompt_ids, skip_special_tokens=False)
+    assert f'<｜DSML｜parameter name="arguments" string="true">{deep}<' in text
+
+
 # -- reading the output ----------------------------------------------------------------
 
 DSML_TEXT = ('I will look it up.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n'
@@ -196,3 +208,11 @@ def test_required_calls_come_out_as_their_objects_close():
     cut = text[:70]                              # cut by max_tokens inside the second call
     message = _assert_stream_is_message(plan, PARSERS, cut)
     assert len(message["tool_calls"]) == 1 and message["content"] == cut[cut.rindex('{"name"'):]
+
+
+def test_a_call_nested_too_deep_to_parse_comes_back_as_content():
+    deep = "[" * 50_000 + "]" * 50_000
+    text = ('\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="x" '
+            f'string="false">{deep}</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>')
+    message, _ = _read(ChatPlan([], False, "auto"), PARSERS, [text])
+    assert "tool_calls" not in message and deep in message["content"]

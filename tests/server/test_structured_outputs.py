@@ -176,6 +176,9 @@ def test_completions_take_response_format_and_guided_fields(client):
         "name": "x", "schema": {"type": "objec"}}}}, "response_format"),
     ({"guided_regex": "[a-z"}, "guided_regex"),
     ({"guided_json": "{not json"}, "guided_json"),
+    ({"guided_json": "[" * 100_000}, "guided_json"),              # deeper than Python parses
+    ({"guided_json": "true"}, "guided_json"),                     # a schema, not an object
+    ({"guided_regex": "[^\\x00-\\U0010FFFF]"}, "guided_regex"),    # matches no text
     ({"structured_outputs": {"grammar": "start: nothing_here"}}, "structured_outputs"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
      "tool_choice"),
