@@ -210,3 +210,22 @@ def test_preempted_requests_come_back_with_a_new_slot_generation(params):
     assert any(len(gens) > 1 for gens in handed.values())
     assert all(gens == sorted(set(gens)) for gens in handed.values())
     assert_all_free(engine)
+
+
+def test_the_seed_in_sampling_params_makes_a_request_repeatable(params):
+    """SamplingParams.seed is the request's stream: the same seed gives the same tokens
+    (alone or beside other requests), another seed or none gives others."""
+    engine = make_engine(params)
+    prompt = random_prompt(40, 7)
+
+    def run(seed, company: int = 0) -> list[int]:
+        params_ = SamplingParams(temperature=1.0, seed=seed, max_tokens=16, ignore_eos=True)
+        others = [random_prompt(30 + i, i) for i in range(company)]
+        outs = engine.generate([prompt, *others], params_)
+        return outs[0].output_ids
+
+    first = run(5)
+    assert run(5) == first and run(5, company=5) == first
+    assert run(6) != first
+    assert run(None) != run(None)
+    assert_all_free(engine)

@@ -30,7 +30,9 @@ def test_filters_remove_the_tail():
     assert (min_p > 0).tolist() == [True, True, True, False]
 
 
-def test_a_seed_makes_sampling_repeatable():
+def test_the_reference_sampler_repeats_with_a_seeded_generator():
+    """The readable reference draws from the generator it is given (the engine's seeds
+    go through the batch sampler: tests/runtime/test_engine.py)."""
     logits = torch.zeros(50)
     params = SamplingParams(temperature=1.0, seed=7)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.model.support import reference_params
+from tests.model.support import FIXTURE_TOL, golden, reference_params
 from tests.runtime.engine_support import make_engine
 from tests.server.support import LiveServer
 
@@ -64,11 +64,35 @@ def test_include_usage_adds_one_final_usage_chunk(client):
     assert all(c.usage is None for c in chunks[:-1])
 
 
-def test_n_choices(client):
-    resp = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=4, n=3,
-                                     temperature=0.8, seed=1)
-    assert sorted(c.index for c in resp.choices) == [0, 1, 2]
-    assert resp.usage.prompt_tokens == 4 and resp.usage.completion_tokens == 12
+def test_n_choices_differ_and_a_seed_reproduces_them(client):
+    """Choice j samples with seed + j: the choices differ from each other, the same seed
+    gives the same choices again, another seed other ones."""
+    def texts(seed: int) -> list[str]:
+        resp = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, n=3,
+                                         temperature=1.0, seed=seed,
+                                         extra_body={"ignore_eos": True})
+        assert sorted(c.index for c in resp.choices) == [0, 1, 2]
+        assert resp.usage.prompt_tokens == 4 and resp.usage.completion_tokens == 24
+        return [c.text for c in sorted(resp.choices, key=lambda c: c.index)]
+
+    first = texts(1)
+    assert texts(1) == first and len(set(first)) == 3
+    assert texts(2) != first
+
+
+def test_a_seed_over_http_repeats_and_another_differs(client):
+    def text(seed: int | None, endpoint: str = "completions") -> str:
+        if endpoint == "chat":
+            return client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": PROMPT}], max_tokens=8,
+                temperature=1.0, seed=seed).choices[0].message.content
+        return client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8,
+                                         temperature=1.0, seed=seed).choices[0].text
+
+    for endpoint in ("completions", "chat"):
+        assert text(11, endpoint) == text(11, endpoint)
+        assert text(11, endpoint) != text(12, endpoint)
+    assert len({text(None) for _ in range(3)}) > 1          # unseeded: a fresh stream each
 
 
 def test_stop_string_and_stop_reason(client, params):
@@ -81,14 +105,44 @@ def test_stop_string_and_stop_reason(client, params):
     assert choice.text == text[: text.index(stop)]
 
 
-def test_logprobs(client):
-    resp = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, temperature=0,
-                                     logprobs=5)
-    lp = resp.choices[0].logprobs
-    assert len(lp.tokens) == 3 and len(lp.token_logprobs) == 3
-    assert all(len(top) == 5 for top in lp.top_logprobs)
-    assert all(max(top.values()) == pytest.approx(tl)
-               for top, tl in zip(lp.top_logprobs, lp.token_logprobs))
+def test_logprobs_are_the_official_ones(client, live):
+    """Over HTTP, the fixture's prompts: the greedy tokens and, at every generated
+    position, the sampled token's and the top-5 log-probs computed by the official V4
+    inference code (tests/fixtures/v4-tiny/golden.json)."""
+    for case in golden()[:3]:
+        n = len(case["prompt_ids"])
+        resp = client.completions.create(model="tiny", prompt=case["prompt_ids"],
+                                         max_tokens=len(case["greedy_ids"]), temperature=0,
+                                         logprobs=5, extra_body={"ignore_eos": True})
+        choice = resp.choices[0]
+        assert choice.text == live.engine.tokenizer.decode(case["greedy_ids"])
+        lp = choice.logprobs
+        for j, (chosen, top) in enumerate(zip(lp.token_logprobs, lp.top_logprobs)):
+            want = case["main_top5_logprobs"][n - 1 + j]
+            assert chosen == pytest.approx(want[0], abs=FIXTURE_TOL)
+            # keyed by token text: tokens that decode alike share an entry
+            assert all(any(abs(v - w) <= FIXTURE_TOL for w in want) for v in top.values())
+            assert max(top.values()) == pytest.approx(want[0], abs=FIXTURE_TOL)
+
+
+def test_chat_logprobs_are_the_completions_ones_of_the_chat_prompt(client, live):
+    """Chat log-probs over the rendered prompt equal completions' over the same ids (which
+    the test above checks against the official values)."""
+    import httpx
+
+    messages = [{"role": "user", "content": PROMPT}]
+    ids = httpx.post(f"{live.url}/tokenize", json={"messages": messages}).json()["tokens"]
+    chat = client.chat.completions.create(model="tiny", messages=messages, max_tokens=4,
+                                          temperature=0, logprobs=True, top_logprobs=3)
+    plain = client.completions.create(model="tiny", prompt=ids, max_tokens=4, temperature=0,
+                                      logprobs=3)
+    content = chat.choices[0].logprobs.content
+    assert [c.token for c in content] == plain.choices[0].logprobs.tokens
+    for entry, chosen, top in zip(content, plain.choices[0].logprobs.token_logprobs,
+                                  plain.choices[0].logprobs.top_logprobs):
+        assert entry.logprob == pytest.approx(chosen, abs=1e-6)
+        assert {t.token: t.logprob for t in entry.top_logprobs} == pytest.approx(top,
+                                                                                  abs=1e-6)
 
 
 def test_logprobs_zero_gives_the_sampled_token_at_each_position(client):
