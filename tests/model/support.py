@@ -46,6 +46,36 @@ def export_official(state: dict[str, torch.Tensor], config: dict, out: Path,
     return out
 
 
+def randomize(model: torch.nn.Module, config: dict, seed: int) -> None:
+    """A non-degenerate init of transformers' DeepseekV4ForCausalLM: transformers' own
+    leaves sinks, position biases, hyper-connection bases and the router bias at zero,
+    which can hide bugs; here every tensor is random and each hash row routes to distinct
+    experts."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def normal(shape, std, mean=0.0):
+        return torch.randn(shape, generator=gen) * std + mean
+
+    for name, p in model.named_parameters():
+        if name.endswith(("attn_hc.fn", "ffn_hc.fn", "hc_head.hc_fn")):
+            value = normal(p.shape, 0.05)
+        elif p.dim() >= 2:
+            value = normal(p.shape, p.shape[-1] ** -0.5)
+        elif name.endswith(("scale", "weight")):
+            value = normal(p.shape, 0.1, 1.0)
+        else:  # sinks, hc bases, compressor position biases
+            value = normal(p.shape, 0.5)
+        p.data.copy_(value)
+    experts, k = config["n_routed_experts"], config["num_experts_per_tok"]
+    for name, buf in model.named_buffers():
+        if name.endswith("tid2eid"):
+            perms = torch.stack([torch.randperm(experts, generator=gen)[:k]
+                                 for _ in range(buf.shape[0])])
+            buf.copy_(perms)
+        elif name.endswith("e_score_correction_bias"):
+            buf.copy_(normal(buf.shape, 0.1))
+
+
 def reference_params() -> ModelParams:
     return load_params(FIXTURE, REF)
 

@@ -16,38 +16,12 @@ from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 from runtime.model import indexer
 from runtime.model.args import ModelArgs
 from runtime.weights import expected_shapes, load_params
-from tests.model.support import REF, Driver, export_official
+from tests.model.support import REF, Driver, export_official, randomize
 
 TOL = 1e-4
 LENGTHS = [1, 4, 16, 127, 128, 129, 255, 256, 257, 300]
 CONFIG = {k: (list(v) if isinstance(v, tuple) else v) for k, v in REF.architecture.CONFIG.items()}
 CONFIG["rope_scaling"] = dict(CONFIG["rope_scaling"])
-
-
-def _randomize(model: DeepseekV4ForCausalLM, seed: int) -> None:
-    gen = torch.Generator().manual_seed(seed)
-
-    def normal(shape, std, mean=0.0):
-        return torch.randn(shape, generator=gen) * std + mean
-
-    for name, p in model.named_parameters():
-        if name.endswith(("attn_hc.fn", "ffn_hc.fn", "hc_head.hc_fn")):
-            value = normal(p.shape, 0.05)
-        elif p.dim() >= 2:
-            value = normal(p.shape, p.shape[-1] ** -0.5)
-        elif name.endswith(("scale", "weight")):
-            value = normal(p.shape, 0.1, 1.0)
-        else:  # sinks, hc bases, compressor position biases
-            value = normal(p.shape, 0.5)
-        p.data.copy_(value)
-    experts, k = CONFIG["n_routed_experts"], CONFIG["num_experts_per_tok"]
-    for name, buf in model.named_buffers():
-        if name.endswith("tid2eid"):
-            perms = torch.stack([torch.randperm(experts, generator=gen)[:k]
-                                 for _ in range(buf.shape[0])])
-            buf.copy_(perms)
-        elif name.endswith("e_score_correction_bias"):
-            buf.copy_(normal(buf.shape, 0.1))
 
 
 def _mtp_tensors(seed: int) -> dict[str, torch.Tensor]:
@@ -61,7 +35,7 @@ def _mtp_tensors(seed: int) -> dict[str, torch.Tensor]:
 def models(tmp_path_factory):
     config = DeepseekV4Config(**CONFIG)
     model = DeepseekV4ForCausalLM(config).float().eval()
-    _randomize(model, seed=0)
+    randomize(model, CONFIG, seed=0)
     out = export_official(model.state_dict(), CONFIG, tmp_path_factory.mktemp("ckpt"),
                           _mtp_tensors(seed=0))
     return model, load_params(out, REF)
