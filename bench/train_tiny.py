@@ -262,7 +262,10 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--eval-windows", type=int, default=40)
+    parser.add_argument("--eval-windows", type=int, default=0,
+                        help="held-out 512-token windows to score (default 0: all of them; "
+                             "bench/heldout.py also sets near-duplicates of training files "
+                             "apart)")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
@@ -298,7 +301,8 @@ def main() -> None:
             print(f"step {step:4d}  loss {points[-1][1]:.3f}  mtp {points[-1][2]:.3f}  "
                   f"{time.time() - start:.0f}s", flush=True)
     params = as_model({n: t.detach() for n, t in tensors.items()})
-    ppl, mtp_loss = evaluate(params, held, args.seq, args.eval_windows, SPEC.contract.TILE)
+    windows = args.eval_windows or (len(held) - 1) // args.seq
+    ppl, mtp_loss = evaluate(params, held, args.seq, windows, SPEC.contract.TILE)
     save(tensors, tok, args.out)
     plot(points, args.out / "loss.png")
     summary = {"steps": args.steps, "batch": args.batch, "seq": args.seq,
