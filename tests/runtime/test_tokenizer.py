@@ -1,4 +1,6 @@
-"""Incremental detokenization and stop strings."""
+"""Tokenizer basics on the fixture's word-level vocabulary: ids, BOS/EOS, streamed text and
+stop strings (multi-byte characters split across byte-level tokens:
+tests/runtime/test_detokenizer.py)."""
 from __future__ import annotations
 
 from runtime.detokenizer import Detokenizer
