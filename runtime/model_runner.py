@@ -106,6 +106,7 @@ class ModelRunner:
         self._rng = random.Random()
         self.checkpoint: Path | None = None      # its tokenizer, for structured outputs
         self._masks: TokenMasks | None = None
+        self._all_allowed: np.ndarray | None = None    # the unconstrained draft mask
 
     # -- the step --------------------------------------------------------------------
 
@@ -286,6 +287,7 @@ class ModelRunner:
         tail_masks = self._masks_of([r for r, _ in requests])
         draft_mask = self._free_drafts(shape)
         if tail_masks is not None:
+            draft_mask = draft_mask.copy()        # the shared all-ones array stays as it is
             for (request, row), mask in zip(requests, tail_masks):
                 draft_mask[request.rank, row] = mask
         out = self._launch(self.decode, self.decode_name, slot_ids=slot_ids, slot_gens=gens,
@@ -501,9 +503,12 @@ class ModelRunner:
         return self._token_masks().masks(requests)
 
     def _free_drafts(self, shape: tuple[int, int]) -> np.ndarray:
-        """A draft mask allowing every token to every row."""
-        words = (self.spec.architecture.CONFIG["vocab_size"] + 31) // 32
-        return np.full((*shape, words), -1, np.int32)
+        """A draft mask allowing every token to every row: one array, built once (a step
+        without constrained rows passes it as is; callers must not write to it)."""
+        if self._all_allowed is None or self._all_allowed.shape[:2] != shape:
+            words = (self.spec.architecture.CONFIG["vocab_size"] + 31) // 32
+            self._all_allowed = np.full((*shape, words), -1, np.int32)
+        return self._all_allowed
 
     def _allowed(self, requests: list[Request]) -> torch.Tensor | None:
         """[n, V] bool: the tokens each row may take next (None: no row is constrained)."""
