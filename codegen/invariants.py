@@ -19,7 +19,7 @@ def check_invariants(spec: Spec) -> list[Problem]:
     problems: list[Problem] = list(_model(spec))
     if problems:  # the other checks read the layer layout; it must be sound first
         return problems
-    for check in (_topology, _prefill, _decode, _pools, _limits):
+    for check in (_topology, _weights, _prefill, _decode, _pools, _limits):
         problems.extend(check(spec))
     return problems
 
@@ -69,6 +69,20 @@ def _topology(spec: Spec) -> Iterator[Problem]:
     elif m.n_routed_experts % t.ep:
         yield (("topology", "ep"),
                f"{t.ep} does not divide n_routed_experts {m.n_routed_experts}")
+
+
+def _weights(spec: Spec) -> Iterator[Problem]:
+    w, m = spec.weights, spec.model
+    if w.format not in ("as_released", spec.topology.dtype):
+        yield (("weights", "format"),
+               f"{w.format!r}: the weights are held as released or dequantized to the "
+               f"compute dtype ({spec.topology.dtype!r})")
+    if w.experts == "fp4":
+        for key in ("hidden_size", "moe_intermediate_size"):
+            if getattr(m, key) % 32:
+                yield (("weights", "experts"),
+                       f"fp4 experts take a scale per 32 inputs: model.{key} "
+                       f"{getattr(m, key)} is not a multiple of 32")
 
 
 def _prefill(spec: Spec) -> Iterator[Problem]:

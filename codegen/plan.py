@@ -52,6 +52,7 @@ class Plan:
     layer_kinds: tuple[str, ...]
     num_main_layers: int
     topology: tuple[tuple[str, object], ...]
+    weights: tuple[tuple[str, object], ...]
     ranks: int
     experts_per_rank: int
     tile: int
@@ -99,6 +100,7 @@ def build_plan(spec: Spec, spec_path: str, spec_stem: str, spec_sha256: str) -> 
         layer_kinds=tuple(kinds),
         num_main_layers=m.num_hidden_layers,
         topology=tuple(spec.topology.model_dump(mode="json").items()),
+        weights=tuple(spec.weights.model_dump(mode="json").items()),
         ranks=spec.topology.dp,
         experts_per_rank=m.n_routed_experts // spec.topology.ep,
         tile=spec.prefill.tile,

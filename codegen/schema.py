@@ -81,6 +81,20 @@ class TopologySection(_Strict):
     backend: str = Field(min_length=1)
 
 
+class WeightsSection(_Strict):
+    """How the checkpoint stores its weights, and how the device holds them.
+
+    `dense` and `experts` say what the release ships: projection matrices in FP8 e4m3
+    with a 128x128 block scale, routed experts in FP4 e2m1 with a scale per 32 inputs,
+    or unquantized (the checkpoint's float tensors). `format` is `as_released` (quantized
+    tensors stay quantized on the device and are dequantized inside the kernels) or the
+    compute dtype (everything dequantized at load)."""
+
+    format: Literal["as_released", "float32", "bfloat16", "float16"] = "as_released"
+    dense: Literal["fp8", "unquantized"] = "unquantized"
+    experts: Literal["fp4", "unquantized"] = "unquantized"
+
+
 class PrefillSection(_Strict):
     tile: PositiveInt
     max_extent: PositiveInt
@@ -149,6 +163,7 @@ class Spec(_Strict):
 
     model: ModelSection
     topology: TopologySection
+    weights: WeightsSection = WeightsSection()
     prefill: PrefillSection
     decode: DecodeSection
     pools: PoolsSection

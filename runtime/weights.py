@@ -5,9 +5,15 @@
                                       layers.N.attn.wq_a.weight, mtp.0.e_proj.weight, ...)
 
 FP8 e4m3 weights with 128x128 block scales (`X.scale`) and FP4 e2m1 expert weights
-(int8, two values per byte, low nibble first, one e8m0 scale per 32 inputs) are
-dequantized at load. Routed experts are stacked per layer in expert order, so expert e
-sits with the other experts of its rank e // experts_per_rank.
+(int8, two values per byte, low nibble first, one e8m0 scale per 32 inputs) stay as
+released on the device (the spec's `weights.format: as_released`) with their scales,
+and the kernels dequantize them (runtime/model/quant.py); with `weights.format` a dtype
+they are dequantized here, by the same arithmetic. The embedding and the head are always
+dequantized (a gather and the logits read them whole).
+
+Loading streams: one tensor at a time is read from its file and sent to the device, and
+the routed experts of a rank go only to it. Routed experts are stacked per layer in
+expert order, so expert e sits with the other experts of its rank e // experts_per_rank.
 A missing, extra or mis-shaped tensor, or a config.json that disagrees with the spec,
 is a CheckpointError naming the tensor or key.
 """
@@ -22,15 +28,14 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from runtime.model import quant
 from runtime.model.args import ModelArgs
 from runtime.model.params import Experts, ModelParams
 from runtime.model.rope import Rope
 
-FP8_BLOCK = 128
-FP4_GROUP = 32
-# e2m1 code -> value; bit 3 is the sign.
-FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
-              -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+# Dense tensors a kernel reads through quant.linear / quant.weight: every projection
+# matrix but the embedding, the head and the router (read whole, in float32).
+DEQUANTIZED_AT_LOAD = ("embed.weight", "head.weight", "ffn.gate.weight")
 
 
 class CheckpointError(ValueError):
@@ -142,14 +147,17 @@ def _same(got: Any, want: Any) -> bool:
 
 
 def load_params(directory: str | Path, spec: Any, device: str | torch.device = "cpu",
-                dtype: torch.dtype | None = None, held: range | None = None) -> ModelParams:
+                dtype: torch.dtype | None = None, held: range | None = None,
+                weight_format: str | None = None) -> ModelParams:
     """Load a checkpoint for a generated spec package (generated.<name>): the dense
-    tensors and the routed experts of the ranks `held` (default: every rank)."""
+    tensors and the routed experts of the ranks `held` (default: every rank), quantized
+    tensors as released or dequantized (`weight_format`, default the spec's)."""
     directory = Path(directory)
     config = spec.architecture.CONFIG
     check_config(directory, config, spec.SPEC_PATH)
     args = ModelArgs.from_config(config)
     dtype = dtype or getattr(torch, spec.contract.DTYPE)
+    as_released = (weight_format or spec.contract.WEIGHTS_FORMAT) == "as_released"
     device = torch.device(device)
     ranks = spec.contract.EP
     held = held if held is not None else range(ranks)
@@ -157,14 +165,25 @@ def load_params(directory: str | Path, spec: Any, device: str | torch.device = "
     with _Reader(directory) as reader:
         shapes = expected_shapes(args)
         _check_names(reader, shapes, directory)
-        dense = {name: _convert(reader.load(name, shape), name, dtype, device)
-                 for name, shape in shapes.items() if ".experts." not in name}
+        dense: dict[str, torch.Tensor] = {}
+        for name in shapes:                      # one tensor at a time, to the device
+            if ".experts." not in name:
+                dense.update(_dense(reader, name, dtype, device, as_released))
         experts = {layer: _experts(reader, args, layer, dtype, device,
-                                   range(held.start * per, held.stop * per))
+                                   range(held.start * per, held.stop * per), as_released)
                    for layer in range(args.n_layers + args.n_mtp_layers)}
     return ModelParams(args=args, fingerprint=spec.architecture.FINGERPRINT, dense=dense,
                        experts=experts, rope=Rope.build(args, device), dtype=dtype,
                        device=device, ranks=ranks)
+
+
+def _dense(reader: _Reader, name: str, dtype: torch.dtype, device: torch.device,
+           as_released: bool) -> dict[str, torch.Tensor]:
+    """{name: tensor} on the device, or {name: FP8 data, its scale name: scale}."""
+    if as_released and reader.is_fp8(name) and not name.endswith(DEQUANTIZED_AT_LOAD):
+        data, scale = reader.raw(name)
+        return {name: data.to(device), quant.scale_name(name): scale.to(device)}
+    return {name: _convert(reader.load(name, dtype), name, dtype, device)}
 
 
 def _convert(t: torch.Tensor, name: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -176,19 +195,27 @@ def _convert(t: torch.Tensor, name: str, dtype: torch.dtype, device: torch.devic
 
 
 def _experts(reader: _Reader, args: ModelArgs, layer: int, dtype: torch.dtype,
-             device: torch.device, which: range) -> Experts:
-    """The routed experts `which` of a layer, stacked in expert order (rank by rank)."""
+             device: torch.device, which: range, as_released: bool) -> Experts:
+    """The routed experts `which` of a layer, stacked in expert order (rank by rank),
+    filled one expert matrix at a time: no whole-layer host copy."""
     prefix = args.prefix(layer) + "ffn.experts."
-    w1 = reader.load(f"{prefix}{which.start}.w1.weight", None)
-    w2 = reader.load(f"{prefix}{which.start}.w2.weight", None)
-    inter = w1.shape[0]
-    w13 = torch.empty((len(which), 2 * inter, w1.shape[1]), dtype=dtype, device=device)
-    w2s = torch.empty((len(which), *w2.shape), dtype=dtype, device=device)
-    for i, e in enumerate(which):     # one expert at a time: no whole-layer host copy
-        w13[i, :inter] = w1 if i == 0 else reader.load(f"{prefix}{e}.w1.weight", None)
-        w13[i, inter:] = reader.load(f"{prefix}{e}.w3.weight", None)
-        w2s[i] = w2 if i == 0 else reader.load(f"{prefix}{e}.w2.weight", None)
-    return Experts(w13, w2s, which.start)
+    names = [(f"{prefix}{e}.w1.weight", f"{prefix}{e}.w3.weight", f"{prefix}{e}.w2.weight")
+             for e in which]
+    # packed only if every expert of the layer is: a stack holds one format
+    packed = as_released and all(reader.is_fp4(n) for trio in names for n in trio)
+    read = reader.raw if packed else (lambda n: (reader.load(n, dtype), None))  # noqa: E731
+    stacks: list[torch.Tensor | None] = [None] * 4      # w13, w2, w13 scale, w2 scale
+    for i, (w1_name, w3_name, w2_name) in enumerate(names):
+        w1, w1s = read(w1_name)
+        w3, w3s = read(w3_name)
+        w2, w2s = read(w2_name)
+        parts = (torch.cat((w1, w3)), w2) + ((torch.cat((w1s, w3s)), w2s) if packed else ())
+        for k, part in enumerate(parts):
+            if stacks[k] is None:
+                stacks[k] = torch.empty((len(which), *part.shape), device=device,
+                                        dtype=part.dtype if packed else dtype)
+            stacks[k][i] = part
+    return Experts(stacks[0], stacks[1], which.start, stacks[2], stacks[3])
 
 
 def _check_names(reader: _Reader, shapes: dict[str, tuple[int, ...]], directory: Path) -> None:
@@ -230,46 +257,50 @@ class _Reader:
 
     def logical_shape(self, name: str) -> tuple[int, ...]:
         shape = tuple(self._where[name].get_slice(name).get_shape())
-        if self._is_fp4(name):
+        if self.is_fp4(name):
             return (shape[0], shape[1] * 2)
         return shape
 
-    def _is_fp4(self, name: str) -> bool:
-        scale = name.removesuffix(".weight") + ".scale"
-        packed = self._where[name].get_slice(name).get_dtype() in ("I8", "U8")
-        return packed and scale in self._where
+    def is_fp4(self, name: str) -> bool:
+        return self._scaled(name) and self._dtype(name) in ("I8", "U8")
 
-    def load(self, name: str, shape: tuple[int, ...] | None) -> torch.Tensor:
-        tensor = self._where[name].get_tensor(name)
-        scale_name = name.removesuffix(".weight") + ".scale"
-        if scale_name not in self._where:
-            return tensor
-        scale = _scale_values(self._where[scale_name].get_tensor(scale_name))
-        if tensor.dtype in (torch.int8, torch.uint8):
-            return dequantize_fp4(tensor, scale)
-        return dequantize_fp8(tensor, scale)
+    def is_fp8(self, name: str) -> bool:
+        return self._scaled(name) and self._dtype(name).startswith("F8")
 
+    def _scaled(self, name: str) -> bool:
+        return name.removesuffix(".weight") + ".scale" in self._where
 
-def _scale_values(scale: torch.Tensor) -> torch.Tensor:
-    """e8m0 scales (a float8_e8m0fnu tensor or raw exponent bytes) as float32 powers of 2."""
-    if scale.dtype == torch.uint8:
-        return torch.pow(2.0, scale.float() - 127.0)
-    return scale.float()
+    def _dtype(self, name: str) -> str:
+        return self._where[name].get_slice(name).get_dtype()
+
+    def raw(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """A quantized tensor as stored (FP8 e4m3, or FP4 pairs as uint8) and its scale
+        (e8m0 as uint8 exponents, or float32)."""
+        data = self._where[name].get_tensor(name)
+        scale_name = quant.scale_name(name)
+        scale = self._where[scale_name].get_tensor(scale_name)
+        data = data.view(torch.uint8) if data.dtype == torch.int8 else data
+        if scale.dtype == torch.float8_e8m0fnu:
+            scale = scale.view(torch.uint8)
+        elif scale.dtype != torch.uint8:
+            scale = scale.float()
+        return data, scale
+
+    def load(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        """A tensor as stored, or dequantized to `dtype` if it has a scale."""
+        if not self._scaled(name):
+            return self._where[name].get_tensor(name)
+        return quant.dequantize(*self.raw(name), dtype)
 
 
 def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """e4m3 weight [out, in] times its 128x128 block scale [ceil(out/128), ceil(in/128)]."""
-    out, inp = weight.shape
-    full = scale.repeat_interleave(FP8_BLOCK, 0)[:out].repeat_interleave(FP8_BLOCK, 1)[:, :inp]
-    return weight.float() * full
+    return quant.dequantize(weight, scale, torch.float32)
 
 
 def dequantize_fp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """e2m1 pairs [out, in/2] (low nibble first) times one scale per 32 inputs [out, in/32]."""
-    raw = packed.view(torch.uint8)
-    codes = torch.stack((raw & 0x0F, raw >> 4), dim=-1).flatten(-2).long()     # [out, in]
-    values = torch.tensor(FP4_VALUES, dtype=torch.float32, device=packed.device)[codes]
-    return values * scale.repeat_interleave(FP4_GROUP, 1)[:, : values.shape[1]]
+    return quant.dequantize(packed.view(torch.uint8), scale, torch.float32)
 
 
 def bytes_per_rank(params: ModelParams) -> int:
@@ -279,7 +310,7 @@ def bytes_per_rank(params: ModelParams) -> int:
                 for t in params.dense.values()}      # a fused tensor and its views: once
     dense = sum(storages.values())
     stacks = params.experts.values()
-    routed = sum(t.numel() * t.element_size() for e in stacks for t in (e.w1, e.w2, e.w3))
+    routed = sum(t.numel() * t.element_size() for e in stacks for t in e.tensors())
     held = sum(e.count for e in stacks)
     return dense + (routed * params.experts_per_rank * len(params.experts) // held
                     if held else 0)

@@ -14,6 +14,12 @@ DTYPE = "float32"
 BACKEND = "compiled"
 EXPERTS_PER_RANK = 1
 
+# Weights: what the release stores (dense projections, routed experts) and how the
+# device holds them ("as_released": quantized tensors stay quantized; or a dtype).
+WEIGHTS_FORMAT = "as_released"
+WEIGHTS_DENSE = "unquantized"
+WEIGHTS_EXPERTS = "unquantized"
+
 # Main prefill: a dynamic extent up to MAX_EXTENT rows, walked in TILE-row tiles, with up
 # to SLOTS_PER_RANK chunks per rank per launch; MTP prefill is MTP_WINDOW rows wide.
 TILE = 128

@@ -13,13 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from runtime.model import compressor, indexer
 from runtime.model.args import ModelArgs
 from runtime.model.norms import rms_norm, rms_scale
 from runtime.model.paging import PoolView, Segment, arange
 from runtime.model.params import LayerParams
+from runtime.model.quant import linear, weight
 from runtime.model.rope import apply_rope
 
 
@@ -36,7 +36,7 @@ class Keys:
 def project_kv(p: LayerParams, args: ModelArgs, x: torch.Tensor, pos: torch.Tensor,
                inv_freq: torch.Tensor) -> torch.Tensor:
     """The shared key/value row of every token: [T, head_dim]."""
-    kv = rms_norm(F.linear(x, p["attn.wkv.weight"]), p["attn.kv_norm.weight"], args.norm_eps)
+    kv = rms_norm(linear(x, p, "attn.wkv.weight"), p["attn.kv_norm.weight"], args.norm_eps)
     return apply_rope(kv, pos, inv_freq)
 
 
@@ -50,8 +50,8 @@ def attention(p: LayerParams, args: ModelArgs, layer: int, x: torch.Tensor, pos:
               segments: list[Segment], view: PoolView, inv_freq: torch.Tensor,
               tile: int) -> torch.Tensor:
     """x [T, dim] at positions pos [T] -> attention output [T, dim]."""
-    qr = rms_norm(F.linear(x, p["attn.wq_a.weight"]), p["attn.q_norm.weight"], args.norm_eps)
-    q = F.linear(qr, p["attn.wq_b.weight"]).view(x.shape[0], args.n_heads, args.head_dim)
+    qr = rms_norm(linear(x, p, "attn.wq_a.weight"), p["attn.q_norm.weight"], args.norm_eps)
+    q = linear(qr, p, "attn.wq_b.weight").view(x.shape[0], args.n_heads, args.head_dim)
     q = apply_rope(rms_scale(q, args.norm_eps), pos, inv_freq)
     kv = project_kv(p, args, x, pos, inv_freq)
     side = _side_inputs(p, args, layer, x, qr, pos, inv_freq)
@@ -77,10 +77,10 @@ def _side_inputs(p: LayerParams, args: ModelArgs, layer: int, x: torch.Tensor,
     side = {"main": compressor_rows(p, "attn.compressor.", x, pos, ratio)}
     if kind == "csa":
         side["index"] = compressor_rows(p, "attn.indexer.compressor.", x, pos, ratio)
-        iq = F.linear(qr, p["attn.indexer.wq_b.weight"])
+        iq = linear(qr, p, "attn.indexer.wq_b.weight")
         side["q"] = apply_rope(iq.view(x.shape[0], args.index_heads, args.index_head_dim),
                                pos, inv_freq)
-        side["w"] = F.linear(x, p["attn.indexer.weights_proj.weight"]).float() \
+        side["w"] = linear(x, p, "attn.indexer.weights_proj.weight").float() \
             * args.index_heads ** -0.5
     return side
 
@@ -88,8 +88,8 @@ def _side_inputs(p: LayerParams, args: ModelArgs, layer: int, x: torch.Tensor,
 def compressor_rows(p: LayerParams, prefix: str, x: torch.Tensor, pos: torch.Tensor,
                     ratio: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Every token's compressor input: kv rows and gate scores (+ ape) [T, coff*width]."""
-    kv = F.linear(x, p[prefix + "wkv.weight"])
-    score = F.linear(x, p[prefix + "wgate.weight"]).float() + p[prefix + "ape"][pos % ratio]
+    kv = linear(x, p, prefix + "wkv.weight")
+    score = linear(x, p, prefix + "wgate.weight").float() + p[prefix + "ape"][pos % ratio]
     return kv, score
 
 
@@ -168,6 +168,7 @@ def output_projection(p: LayerParams, args: ModelArgs, o: torch.Tensor) -> torch
     """Grouped output projection: per group wo_a to o_lora_rank, concat, then wo_b."""
     groups = args.o_groups
     o = o.reshape(o.shape[0], groups, -1)                                      # [T, g, H*D/g]
-    wo_a = p["attn.wo_a.weight"].view(groups, args.o_lora_rank, -1)            # [g, r, H*D/g]
+    wo_a = weight(p, "attn.wo_a.weight", o.dtype)
+    wo_a = wo_a.view(groups, args.o_lora_rank, -1)                             # [g, r, H*D/g]
     mid = torch.einsum("tgi,gri->tgr", o, wo_a).reshape(o.shape[0], -1)
-    return F.linear(mid, p["attn.wo_b.weight"])
+    return linear(mid, p, "attn.wo_b.weight")

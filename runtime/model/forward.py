@@ -7,7 +7,6 @@ against its own request's pools.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from runtime.model.attention import project_kv, write_window
 from runtime.model.block import block
@@ -15,6 +14,7 @@ from runtime.model.hyper import hc_head, hc_pre
 from runtime.model.norms import rms_norm
 from runtime.model.paging import PoolView, Segment
 from runtime.model.params import ModelParams
+from runtime.model.quant import linear
 
 
 def positions(segments: list[Segment], device: torch.device) -> torch.Tensor:
@@ -42,7 +42,7 @@ def logits(params: ModelParams, h: torch.Tensor, prefix: str = "") -> torch.Tens
     x = hc_head(h, params[prefix + "hc_head_fn"], params[prefix + "hc_head_base"],
                 params[prefix + "hc_head_scale"], args.norm_eps, args.hc_eps)
     x = rms_norm(x, params[prefix + "norm.weight"], args.norm_eps)
-    return F.linear(x, params["head.weight"]).float()
+    return linear(x, params, "head.weight").float()
 
 
 def mtp_input(params: ModelParams, layer: int, h: torch.Tensor,
@@ -50,8 +50,8 @@ def mtp_input(params: ModelParams, layer: int, h: torch.Tensor,
     """e_proj(enorm(embed(next))) broadcast over the streams + h_proj(hnorm(h))."""
     args, p = params.args, params.layer(layer)
     e = rms_norm(params["embed.weight"][next_ids], p["enorm.weight"], args.norm_eps)
-    e = F.linear(e, p["e_proj.weight"])
-    hh = F.linear(rms_norm(h, p["hnorm.weight"], args.norm_eps), p["h_proj.weight"])
+    e = linear(e, p, "e_proj.weight")
+    hh = linear(rms_norm(h, p["hnorm.weight"], args.norm_eps), p, "h_proj.weight")
     return e.unsqueeze(1) + hh
 
 

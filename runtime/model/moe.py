@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from runtime.model.args import ModelArgs
 from runtime.model.params import Experts, LayerParams
+from runtime.model.quant import weight
 
 
 def route(p: LayerParams, args: ModelArgs, hashed: bool, x: torch.Tensor,
@@ -47,14 +48,15 @@ def routed(experts: tuple[Experts, ...], x: torch.Tensor, chosen: torch.Tensor,
         for e in expert.unique().tolist():
             pick = expert == e
             rows = token[pick]
-            y = swiglu(x[rows], local.w1[e], local.w2[e], local.w3[e], limit)
+            y = swiglu(x[rows], *local.matrices(e, x.dtype), limit)
             out.index_add_(0, rows, y.float() * weights[rows, slot[pick], None])
     return out.to(x.dtype)
 
 
 def shared(p: LayerParams, x: torch.Tensor) -> torch.Tensor:
-    return swiglu(x, p["ffn.shared_experts.w1.weight"], p["ffn.shared_experts.w2.weight"],
-                   p["ffn.shared_experts.w3.weight"], None)
+    w1, w2, w3 = (weight(p, f"ffn.shared_experts.{w}.weight", x.dtype)
+                  for w in ("w1", "w2", "w3"))
+    return swiglu(x, w1, w2, w3, None)
 
 
 def moe(p: LayerParams, args: ModelArgs, hashed: bool, experts: tuple[Experts, ...],

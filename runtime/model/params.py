@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.model import quant
 from runtime.model.args import ModelArgs
 from runtime.model.rope import Rope
 
@@ -20,11 +21,14 @@ from runtime.model.rope import Rope
 class Experts:
     """Routed experts of a layer, stacked: w13 [n, 2 * inter, dim] holds w1's rows then
     w3's (one matmul computes both), w2 [n, dim, inter]. Index i holds global expert
-    `first + i`."""
+    `first + i`. Held as released (runtime/model/quant.py), w13 and w2 are packed FP4
+    ([n, 2 * inter, dim / 2], [n, dim, inter / 2]) with their scales beside them."""
 
     w13: torch.Tensor
     w2: torch.Tensor
     first: int = 0
+    w13_scale: torch.Tensor | None = None     # FP4: [n, 2 * inter, dim / 32]
+    w2_scale: torch.Tensor | None = None      # FP4: [n, dim, inter / 32]
 
     @classmethod
     def of(cls, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor) -> Experts:
@@ -36,19 +40,46 @@ class Experts:
         return self.w13.shape[0]
 
     @property
+    def inter(self) -> int:
+        return self.w13.shape[1] // 2
+
+    @property
+    def quantized(self) -> bool:
+        return self.w13_scale is not None
+
+    @property
     def w1(self) -> torch.Tensor:
-        """[n, inter, dim], a view of w13."""
-        return self.w13[:, : self.w2.shape[-1]]
+        """[n, inter, dim], a view of w13 (unquantized experts)."""
+        return self.w13[:, : self.inter]
 
     @property
     def w3(self) -> torch.Tensor:
-        """[n, inter, dim], a view of w13."""
-        return self.w13[:, self.w2.shape[-1]:]
+        """[n, inter, dim], a view of w13 (unquantized experts)."""
+        return self.w13[:, self.inter:]
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """What the device holds: the stacks, and their scales if quantized."""
+        return (self.w13, self.w2) + ((self.w13_scale, self.w2_scale) if self.quantized else ())
+
+    def stacks(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w13, w2) in `dtype`: dequantized whole if held quantized."""
+        return quant.stacks(self.tensors(), dtype)
+
+    def matrices(self, i: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """(w1, w2, w3) of local expert i in `dtype`, dequantized if need be."""
+        if self.quantized:
+            w13 = quant.dequantize(self.w13[i], self.w13_scale[i], dtype)
+            w2 = quant.dequantize(self.w2[i], self.w2_scale[i], dtype)
+        else:
+            w13, w2 = self.w13[i], self.w2[i]
+        return w13[: self.inter], w2, w13[self.inter:]
 
     def slice(self, start: int, count: int) -> Experts:
         """Experts [start, start + count) of this stack (views)."""
         end = start + count
-        return Experts(self.w13[start:end], self.w2[start:end], self.first + start)
+        cut = (lambda t: None if t is None else t[start:end])   # noqa: E731
+        return Experts(self.w13[start:end], self.w2[start:end], self.first + start,
+                       cut(self.w13_scale), cut(self.w2_scale))
 
 
 class LayerParams:

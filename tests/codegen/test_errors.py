@@ -128,6 +128,19 @@ def test_expert_parallelism_shares_the_ranks(tmp_path, tiny_text):
            "expert parallelism runs on the same ranks as attention: ep must equal ranks 8, not 4")
 
 
+def test_weights_are_held_as_released_or_in_the_compute_dtype(tmp_path, tiny_text):
+    _check(tmp_path, tiny_text, "  format: as_released", "  format: bfloat16", "  format:",
+           "weights.format", "'bfloat16': the weights are held as released or dequantized "
+           "to the compute dtype ('float32')")
+
+
+def test_fp4_experts_need_inputs_in_groups_of_32(tmp_path, tiny_text):
+    text = replace_once(tiny_text, "  experts: unquantized", "  experts: fp4")
+    text = replace_once(text, "hidden_size: 256", "hidden_size: 240")
+    assert "weights.experts: fp4 experts take a scale per 32 inputs: model.hidden_size 240" \
+        in _error(tmp_path, text)
+
+
 def test_max_num_seqs_must_fit_the_decode_capacity(tmp_path, tiny_text):
     _check(tmp_path, tiny_text, "  max_num_seqs: 64", "  max_num_seqs: 65", "max_num_seqs",
            "limits.max_num_seqs",

@@ -8,13 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from runtime.weights import (
-    FP4_VALUES,
-    CheckpointError,
-    dequantize_fp4,
-    dequantize_fp8,
-    load_params,
-)
+from runtime.model.quant import e2m1_values
+from runtime.weights import CheckpointError, dequantize_fp4, dequantize_fp8, load_params
 from tests.model.support import FIXTURE, REF
 
 
@@ -60,7 +55,7 @@ def test_fp4_dequantizes_low_nibble_first_with_a_scale_per_32_inputs():
     packed, s = _fp4(codes, scales)
     assert packed.shape == (1, 32) and int(packed.view(torch.uint8)[0, 0]) == 0x10
     got = dequantize_fp4(packed, s.float())
-    want = torch.tensor([FP4_VALUES[c] for c in codes[0].tolist()])
+    want = e2m1_values(codes[0])
     want = want * torch.tensor([2.0] * 32 + [0.5] * 32)
     assert torch.equal(got[0], want)
 
@@ -74,12 +69,17 @@ def test_quantized_checkpoint_loads_to_the_dequantized_values(tmp_path, tensors)
     codes = torch.randint(0, 16, (64, 128))
     tensors[expert], tensors["layers.2.ffn.experts.5.w1.scale"] = _fp4(
         codes, torch.full((64, 4), 0.5))
-    params = load_params(_write(tmp_path, tensors), REF)
+    params = load_params(_write(tmp_path, tensors), REF, weight_format="float32")
     assert torch.equal(params[name], exact)
-    values = torch.tensor(FP4_VALUES)[codes] * 0.5
+    values = e2m1_values(codes) * 0.5
     per_rank = params.experts_per_rank
     assert torch.equal(params.rank_experts(2, 5 // per_rank).w1[5 % per_rank], values)
     assert torch.equal(params.experts[2].w1[5], values)
+    held = load_params(tmp_path, REF, weight_format="as_released")
+    assert held[name].dtype == torch.float8_e4m3fn            # kept as released ...
+    assert torch.equal(dequantize_fp8(held[name], held["layers.1.attn.wq_b.scale"]), exact)
+    assert not held.experts[2].quantized        # ... but one FP4 expert among float ones
+    assert torch.equal(held.experts[2].w1[5], values)
 
 
 def test_each_rank_holds_its_own_experts(tensors):

@@ -17,7 +17,6 @@ length so that one graph serves every bucket.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from runtime.backends.compiled.compressor import compress
 from runtime.backends.compiled.paged import Paged
@@ -25,6 +24,7 @@ from runtime.backends.compiled.rows import Rows
 from runtime.model.args import ModelArgs
 from runtime.model.attention import output_projection
 from runtime.model.norms import rms_norm, rms_scale
+from runtime.model.quant import linear
 from runtime.model.rope import apply_rope
 
 Weights = dict[str, torch.Tensor]     # one layer's dense tensors, by name without prefix
@@ -41,10 +41,10 @@ def attention(p: Weights, splits: dict[str, tuple[int, ...]], args: ModelArgs, k
     projection of x is one matmul (fused.x), and so is every projection of qr."""
     n, s = rows.shape
     pos = rows.pos.reshape(-1)
-    xp = F.linear(x, p["fused.x"]).split(splits["fused.x"], dim=-1)
+    xp = linear(x, p, "fused.x").split(splits["fused.x"], dim=-1)
     qr = rms_norm(xp[0], p["attn.q_norm.weight"], args.norm_eps)
-    qrp = F.linear(qr, p["fused.qr"]).split(splits["fused.qr"], dim=-1) if "fused.qr" in p \
-        else (F.linear(qr, p["attn.wq_b.weight"]),)
+    qrp = linear(qr, p, "fused.qr").split(splits["fused.qr"], dim=-1) if "fused.qr" in p \
+        else (linear(qr, p, "attn.wq_b.weight"),)
     q = qrp[0].reshape(n * s, args.n_heads, args.head_dim)
     q = apply_rope(rms_scale(q, args.norm_eps), pos, inv_freq)
     kv = rms_norm(xp[1], p["attn.kv_norm.weight"], args.norm_eps)

@@ -20,12 +20,14 @@ from runtime.backends.compiled.expert_parallel import ep_moe
 from runtime.backends.compiled.moe import routed
 from runtime.backends.compiled.paged import Paged
 from runtime.backends.compiled.rows import Rows
+from runtime.model import quant
 from runtime.model.args import ModelArgs
 from runtime.model.attention import project_kv
 from runtime.model.hyper import hc_head, hc_post, hc_pre
 from runtime.model.moe import route
 from runtime.model.norms import rms_norm
 from runtime.model.params import ModelParams
+from runtime.model.quant import linear, stacks
 
 GROUPS_OF = {"sliding": ("ori",), "mtp": ("ori",),
              "hca": ("ori", "hca_state", "cmp_c128"),
@@ -54,7 +56,7 @@ class Layer:
     kind: str                                 # sliding | csa | hca | mtp
     hashed: bool
     weights: Weights                          # its dense tensors, by name without prefix
-    experts: tuple[torch.Tensor, torch.Tensor]    # stacked w13 (w1 then w3), w2
+    experts: tuple[torch.Tensor, ...]         # stacked w13 (w1 then w3), w2 (+ FP4 scales)
     inv_freq: torch.Tensor
     where: dict[str, torch.Tensor]            # group -> its index among the group's layers
     splits: dict[str, tuple[int, ...]]        # fused weight -> the output sizes it stacks
@@ -81,23 +83,44 @@ def layers(params: ModelParams, groups: dict[str, PoolGroup]) -> list[Layer]:
         where = {g: torch.tensor(groups[g].layer_index(layer), device=params.device)
                  for g in GROUPS_OF[kind]}
         out.append(Layer(layer, kind, args.is_hash(layer), weights,
-                         (experts.w13, experts.w2),
+                         experts.tensors(),
                          params.rope.table(kind in ("csa", "hca")), where, splits))
     return out
 
 
 def _fuse(params: ModelParams, prefix: str, fused: str, names: tuple[str, ...]) -> tuple[int, ...]:
     """Stack the weights `names` of a layer into one [sum of outputs, input] tensor named
-    `fused`, and make the originals views of it: one copy in memory, one matmul."""
-    if prefix + fused not in params.dense:
-        stacked = torch.cat([params.dense[prefix + n] for n in names])
-        params.dense[prefix + fused] = stacked
+    `fused`, and make the originals views of it: one copy in memory, one matmul. FP8
+    parts stack with their scales (one per row where a part is not 128-row aligned);
+    a mix of FP8 and unquantized parts is dequantized (no release mixes them)."""
+    dense = params.dense
+    if prefix + fused not in dense:
+        parts = [dense[prefix + n] for n in names]
+        held = [quant.is_quantized(t) for t in parts]
+        if any(held) and not all(held):
+            parts = [quant.weight(dense, prefix + n, params.dtype) for n in names]
+            for n in names:
+                dense.pop(quant.scale_name(prefix + n), None)
+        elif all(held):
+            dense[quant.scale_name(prefix + fused)] = _stack_scales(dense, prefix, names)
+        stacked = torch.cat(parts)
+        dense[prefix + fused] = stacked
         at = 0
-        for name in names:
-            rows = params.dense[prefix + name].shape[0]
-            params.dense[prefix + name] = stacked[at: at + rows]
-            at += rows
-    return tuple(params.dense[prefix + n].shape[0] for n in names)
+        for name, part in zip(names, parts):
+            dense[prefix + name] = stacked[at: at + part.shape[0]]
+            at += part.shape[0]
+    return tuple(dense[prefix + n].shape[0] for n in names)
+
+
+def _stack_scales(dense: dict[str, torch.Tensor], prefix: str,
+                  names: tuple[str, ...]) -> torch.Tensor:
+    """The FP8 scales of stacked parts: their blocks if every part is 128-row aligned,
+    else one scale row per output row."""
+    rows = [dense[prefix + n].shape[0] for n in names]
+    scales = [dense[quant.scale_name(prefix + n)] for n in names]
+    if all(r % quant.FP8_BLOCK == 0 for r in rows[:-1]):
+        return torch.cat(scales)
+    return torch.cat([quant.row_scales(s, r) for s, r in zip(scales, rows)])
 
 
 def block(args: ModelArgs, kind: str, hashed: bool, groups: dict[str, PoolGroup],
@@ -124,10 +147,10 @@ def block(args: ModelArgs, kind: str, hashed: bool, groups: dict[str, PoolGroup]
     y, post, comb = hc_pre(h, w["hc_ffn_fn"], w["hc_ffn_base"], w["hc_ffn_scale"], *mix)
     x = rms_norm(y, w["ffn_norm.weight"], args.norm_eps)
     chosen, weights = route(w, args, hashed, x, ids.reshape(-1))
-    gate, up = F.linear(x, w["fused.shared"]).split(splits["fused.shared"], dim=-1)
+    gate, up = linear(x, w, "fused.shared").split(splits["fused.shared"], dim=-1)
     moe = ep_moe if experts[0].shape[0] < args.n_experts else routed   # holds a share
-    out = moe(x, chosen, weights, *experts, args.swiglu_limit) \
-        + F.linear(F.silu(gate) * up, w["ffn.shared_experts.w2.weight"])
+    out = moe(x, chosen, weights, *stacks(experts, x.dtype), args.swiglu_limit) \
+        + linear(F.silu(gate) * up, w, "ffn.shared_experts.w2.weight")
     return hc_post(out, h, post, comb).view(n, s, hc, dim)
 
 
@@ -144,9 +167,9 @@ def mtp_input(args: ModelArgs, w: Weights, embed: torch.Tensor, h: torch.Tensor,
               next_ids: torch.Tensor) -> torch.Tensor:
     """e_proj(enorm(embed(next))) broadcast over the streams + h_proj(hnorm(h));
     h [..., hc, dim], next_ids [...]."""
-    e = F.linear(rms_norm(embed[next_ids], w["enorm.weight"], args.norm_eps),
-                 w["e_proj.weight"])
-    hh = F.linear(rms_norm(h, w["hnorm.weight"], args.norm_eps), w["h_proj.weight"])
+    e = linear(rms_norm(embed[next_ids], w["enorm.weight"], args.norm_eps), w,
+               "e_proj.weight")
+    hh = linear(rms_norm(h, w["hnorm.weight"], args.norm_eps), w, "h_proj.weight")
     return e.unsqueeze(-2) + hh
 
 

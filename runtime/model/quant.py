@@ -1,0 +1,96 @@
+"""Weights held as the release stores them, dequantized where a kernel reads them.
+
+    FP8   data  [..., out, in]      float8_e4m3fn
+          scale [..., ceil(out/128), ceil(in/128)]   one per 128x128 block, or
+                [..., out, ceil(in/128)]             one per row and 128 inputs (a fused
+                                                     stack whose parts are not 128-aligned)
+    FP4   data  [..., out, in/2]    uint8, two e2m1 codes per byte, low nibble first
+          scale [..., out, in/32]   one per 32 inputs
+
+Scales are e8m0 (uint8 exponents: 2^(e - 127)) or float32. A quantized tensor sits in a
+weights dict under its own name with its scale under `scale_name(name)`; an unquantized
+one has no scale. Dequantization is the same arithmetic everywhere (float32 product of
+the code's value and its scale, then the compute dtype), so a weight dequantized in a
+kernel equals the one the loader dequantizes when asked to (`weights.format`: a dtype).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+
+FP8_BLOCK = 128
+FP4_GROUP = 32
+FP8 = torch.float8_e4m3fn
+FP4 = torch.uint8               # packed pairs of e2m1 codes
+
+
+def scale_name(name: str) -> str:
+    """"layers.0.attn.wq_a.weight" -> "layers.0.attn.wq_a.scale" (the release's naming);
+    a fused stack "fused.x" -> "fused.x.scale"."""
+    return name.removesuffix(".weight") + ".scale"
+
+
+def is_quantized(t: torch.Tensor) -> bool:
+    return t.dtype in (FP8, FP4)
+
+
+def scale_values(scale: torch.Tensor) -> torch.Tensor:
+    """e8m0 exponents (uint8) or float scales -> float32 multipliers."""
+    if scale.dtype == torch.uint8:
+        return torch.exp2(scale.float() - 127.0)
+    return scale.float()
+
+
+def dequantize(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A quantized tensor (FP8 or packed FP4, any leading dims) in `dtype`."""
+    if data.dtype == FP8:
+        return _fp8(data, scale_values(scale)).to(dtype)
+    return _fp4(data, scale_values(scale)).to(dtype)
+
+
+def _fp8(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    out, inp = data.shape[-2:]
+    if scale.shape[-2] != out:                       # block scales: one per 128 rows
+        scale = scale.repeat_interleave(FP8_BLOCK, -2)[..., :out, :]
+    return data.float() * scale.repeat_interleave(FP8_BLOCK, -1)[..., :inp]
+
+
+def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
+    """e2m1 codes (0..15, bit 3 the sign) -> float32: 0, 0.5, 1, 1.5, 2, 3, 4, 6."""
+    exponent, mantissa = (codes >> 1) & 3, (codes & 1).float()
+    magnitude = torch.where(exponent == 0, 0.5 * mantissa,
+                            torch.exp2(exponent.float() - 1) * (1 + 0.5 * mantissa))
+    return torch.where(codes >= 8, -magnitude, magnitude)
+
+
+def _fp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    codes = torch.stack((packed & 0x0F, packed >> 4), dim=-1).flatten(-2)    # [..., out, in]
+    return e2m1_values(codes) * scale.repeat_interleave(FP4_GROUP, -1)[..., : codes.shape[-1]]
+
+
+def weight(p: Mapping[str, torch.Tensor], name: str, dtype: torch.dtype) -> torch.Tensor:
+    """The matrix `name` of p in `dtype`, dequantized if the device holds it quantized."""
+    data = p[name]
+    return dequantize(data, p[scale_name(name)], dtype) if is_quantized(data) else data
+
+
+def linear(x: torch.Tensor, p: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
+    """x @ p[name]^T, the weight dequantized on the fly into x's dtype."""
+    return F.linear(x, weight(p, name, x.dtype))
+
+
+def stacks(held: tuple[torch.Tensor, ...], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """A layer's routed experts (w13, w2) in `dtype` from what the device holds: the two
+    stacks, or the two packed stacks and their two scales."""
+    if len(held) == 2:
+        return held
+    w13, w2, w13_scale, w2_scale = held
+    return dequantize(w13, w13_scale, dtype), dequantize(w2, w2_scale, dtype)
+
+
+def row_scales(scale: torch.Tensor, rows: int) -> torch.Tensor:
+    """FP8 block scales [ceil(rows/128), C] -> one per row [rows, C] (for stacking)."""
+    return scale if scale.shape[0] == rows else \
+        scale.repeat_interleave(FP8_BLOCK, 0)[:rows]
