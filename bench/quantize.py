@@ -18,8 +18,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from runtime.checkpoint_layout import is_fp8_projection, is_routed_expert
 from runtime.model import quant
-from runtime.weights import DEQUANTIZED_AT_LOAD
 
 E4M3_MAX = 448.0
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
@@ -61,9 +61,9 @@ def fp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def quantize(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
     """One tensor of an unquantized checkpoint as the release would store it."""
     scale = name.removesuffix(".weight") + ".scale"
-    if ".experts." in name and ".shared_experts." not in name:
+    if is_routed_expert(name):
         data, s = fp4(tensor)
-    elif tensor.dim() == 2 and name.endswith(".weight") and not name.endswith(DEQUANTIZED_AT_LOAD):
+    elif is_fp8_projection(name, tuple(tensor.shape)):
         data, s = fp8(tensor)
     else:
         return {name: tensor}

@@ -11,6 +11,7 @@ from typing import Any
 
 from runtime import capacity
 from runtime.block_pool import BlockPool
+from runtime.memory_plan import MemoryPlan
 from runtime.mtp_slots import SlotTable
 from runtime.prefix_cache import Layout, Unsupported
 from runtime.request import Request
@@ -30,28 +31,48 @@ class Admission:
     capacity: capacity.Capacity
     max_logprobs: int
     layout: Layout | None = None              # prefix caching; None: off
+    memory: MemoryPlan | None = None          # pools sized from a device's memory
 
     def __post_init__(self) -> None:
         self._checker = self.scheduler()        # only ever asked `check`: it stays empty
 
     @classmethod
-    def plan(cls, config: Any, spec: ModuleType) -> Admission:
+    def plan(cls, config: Any, spec: ModuleType, ranks: int | None = None) -> Admission:
         """The admission of an EngineConfig on a generated spec; ConfigError if the spec
-        cannot serve it."""
+        cannot serve it. `ranks` plans its memory on another rank count (the routed
+        experts split over them: `v4serve plan --ranks`)."""
         k, limits = _resolve(config, spec)
         running_per_rank = limits.max_running_per_rank
         groups = spec.pools.GROUPS
         layout = _layout(config, spec, k)
         copies = layout.copies if layout else {}
-        budget = config.kv_cache_memory or capacity.bytes_for(
-            groups, running_per_rank,
-            capacity.tokens_for(groups, running_per_rank, limits.max_model_len), copies)
-        cap = capacity.plan(groups, budget, running_per_rank, copies)
+        memory = _memory(config, spec, limits, ranks)
+        if config.kv_cache_memory:
+            budget = config.kv_cache_memory
+        elif memory:
+            budget = memory.pool_budget
+        else:                                   # enough for the limits
+            budget = capacity.bytes_for(groups, running_per_rank, capacity.tokens_for(
+                groups, running_per_rank, limits.max_model_len), copies)
+        try:
+            cap = capacity.plan(groups, budget, running_per_rank, copies)
+        except ValueError as exc:
+            raise ConfigError(f"spec {spec.SPEC_PATH}: {exc}") from None
         if cap.tokens < limits.max_model_len:
             raise ConfigError(f"the pools hold {cap.tokens} tokens per rank, less than one "
-                              f"request of max_model_len {limits.max_model_len}; raise "
-                              "--kv-cache-memory or lower --max-model-len")
-        return cls(spec, k, limits, cap, config.max_logprobs, layout)
+                              f"request of max_model_len {limits.max_model_len}; give the "
+                              "cache more memory or lower --max-model-len")
+        return cls(spec, k, limits, cap, config.max_logprobs, layout, memory)
+
+    def concurrency(self, length: int | None = None) -> int:
+        """Requests of `length` tokens (default max_model_len) the replica runs at once:
+        on each rank the fewer of those its pools hold and of its running limit."""
+        length = length or self.limits.max_model_len
+        need = capacity.tokens_for(self.spec.pools.GROUPS, 1, length)
+        per_rank = min(self.capacity.tokens // need if need else self.limits.max_running_per_rank,
+                       self.limits.max_running_per_rank)
+        ranks = self.memory.ranks if self.memory else self.limits.ranks
+        return min(per_rank * ranks, self.limits.max_num_seqs)
 
     def scheduler(self) -> Scheduler:
         """A scheduler on these limits, with empty pools and slot table."""
@@ -85,6 +106,39 @@ class Admission:
         reason = self._checker.check(Request("check", ids, params, -1))
         if reason:
             raise InvalidParam("prompt", reason)
+
+
+def least_pool_bytes(config: Any, spec: ModuleType) -> tuple[SchedulerConfig, int]:
+    """(the limits, the pool bytes per rank that hold the ring pages of every running
+    request and one request of max_model_len): the least a plan must leave the pools."""
+    k, limits = _resolve(config, spec)
+    layout = _layout(config, spec, k)
+    groups = spec.pools.GROUPS
+    return limits, capacity.bytes_for(groups, limits.max_running_per_rank,
+                                      capacity.tokens_for(groups, 1, limits.max_model_len),
+                                      layout.copies if layout else {})
+
+
+def _memory(config: Any, spec: ModuleType, limits: SchedulerConfig,
+            ranks: int | None) -> MemoryPlan | None:
+    """The memory plan of a device of config.device_memory bytes per rank (None: pools
+    sized by --kv-cache-memory or by the limits); ConfigError if it does not fit."""
+    if config.device_memory is None:
+        return None
+    try:
+        memory = MemoryPlan.of(spec, config.device_memory, config.gpu_memory_utilization,
+                               limits, ranks)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if memory.shortfall and not config.kv_cache_memory:
+        gib = 2**30
+        raise ConfigError(
+            f"spec {spec.SPEC_PATH} does not fit {config.device_memory / gib:.1f} GiB per "
+            f"rank at --gpu-memory-utilization {config.gpu_memory_utilization}: weights "
+            f"{memory.weights.total / gib:.1f} GiB + workspace {memory.workspace / gib:.1f} "
+            f"GiB exceed the usable {memory.usable / gib:.1f} GiB by "
+            f"{memory.shortfall / gib:.1f} GiB per rank")
+    return memory
 
 
 def _layout(config: Any, spec: ModuleType, k: int) -> Layout | None:

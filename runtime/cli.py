@@ -27,11 +27,30 @@ def default_model(spec: str) -> Path:
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--spec", default="tiny",
-                        help="spec to serve, by name or file (default: tiny)")
+    add_limit_args(parser)
     parser.add_argument("--model", type=Path, default=None,
                         help="checkpoint directory in the official format "
                              "(default: models/<spec> in the repository)")
+    parser.add_argument("--prefix-affinity-threshold", type=int, default=4,
+                        help="a request goes to the rank holding its longest cached prefix "
+                             "unless that rank runs more than this many requests beyond the "
+                             "least-loaded one (default: 4)")
+    add_memory_args(parser)
+    parser.add_argument("--kv-cache-memory", type=int, default=None,
+                        help="pool bytes per rank, overriding the memory plan (default: "
+                             "the plan's, else enough for the limits)")
+    parser.add_argument("--device", default=None, help="cpu | cuda | npu (default: the spec's)")
+    parser.add_argument("--max-logprobs", type=int, default=20,
+                        help="most top log-probs a request may ask for (default: 20)")
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="run the compiled backend's graphs without compiling them")
+    add_distributed_args(parser)
+
+
+def add_limit_args(parser: argparse.ArgumentParser) -> None:
+    """The spec and the limits in force (shared with `v4serve plan`)."""
+    parser.add_argument("--spec", default="tiny",
+                        help="spec to serve, by name or file (default: tiny)")
     parser.add_argument("--num-speculative-tokens", type=int, default=None,
                         help="MTP draft tokens per step; 0 disables MTP (default: the spec's)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None,
@@ -49,18 +68,27 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         default=True,
                         help="reuse the pages of cached prompt prefixes, 128-token blocks "
                              "(default: on)")
-    parser.add_argument("--prefix-affinity-threshold", type=int, default=4,
-                        help="a request goes to the rank holding its longest cached prefix "
-                             "unless that rank runs more than this many requests beyond the "
-                             "least-loaded one (default: 4)")
-    parser.add_argument("--kv-cache-memory", type=int, default=None,
-                        help="pool bytes per rank (default: enough for the limits)")
-    parser.add_argument("--device", default=None, help="cpu | cuda | npu (default: the spec's)")
-    parser.add_argument("--max-logprobs", type=int, default=20,
-                        help="most top log-probs a request may ask for (default: 20)")
-    parser.add_argument("--enforce-eager", action="store_true",
-                        help="run the compiled backend's graphs without compiling them")
-    add_distributed_args(parser)
+
+
+def add_memory_args(parser: argparse.ArgumentParser, required: bool = False) -> None:
+    """The memory plan's inputs (runtime/memory_plan.py), shared with `v4serve plan`."""
+    parser.add_argument("--device-memory", type=parse_bytes, default=None, required=required,
+                        help="memory of one rank's device, e.g. 141GiB or 192GB; the pools "
+                             "take what the weights and a workspace leave of it "
+                             + ("" if required else "(default: the device's own with "
+                                "--distributed-executor-backend mp on cuda; otherwise none: "
+                                "pools sized by the limits)"))
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                        help="share of --device-memory v4serve may use (default: 0.9)")
+
+
+def parse_bytes(text: str) -> int:
+    from runtime.memory_plan import parse_bytes as parse
+
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_distributed_args(parser: argparse.ArgumentParser) -> None:
@@ -95,20 +123,39 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
     spec = load_current(args.spec).SPEC_NAME       # --spec tiny or --spec specs/tiny.yaml
     return EngineConfig(
-        spec=spec, model=args.model or default_model(spec),
-        num_speculative_tokens=args.num_speculative_tokens,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        long_prefill_token_threshold=args.long_prefill_token_threshold,
-        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-        enable_chunked_prefill=args.enable_chunked_prefill,
-        enable_prefix_caching=args.enable_prefix_caching,
+        **limit_fields(args), model=args.model or default_model(spec),
         prefix_affinity_threshold=args.prefix_affinity_threshold,
         kv_cache_memory=args.kv_cache_memory, device=args.device,
+        device_memory=args.device_memory or _own_device_memory(args, spec),
+        gpu_memory_utilization=args.gpu_memory_utilization,
         max_logprobs=args.max_logprobs, enforce_eager=args.enforce_eager,
         defer_compile=getattr(args, "defer_compile", False),
         distributed_executor_backend=args.distributed_executor_backend,
         nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
         master_port=args.master_port, distributed_timeout=args.distributed_timeout)
+
+
+def _own_device_memory(args: argparse.Namespace, spec: str) -> int | None:
+    """One rank's device memory where each rank has a device of its own (mp on cuda);
+    None elsewhere (every rank of `uni` shares one device: pools sized by the limits)."""
+    device = args.device or load_current(spec).contract.DEVICE
+    if args.distributed_executor_backend != "mp" or device != "cuda":
+        return None
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() \
+        else None
+
+
+def limit_fields(args: argparse.Namespace) -> dict:
+    """EngineConfig's fields from add_limit_args' flags."""
+    return dict(spec=load_current(args.spec).SPEC_NAME,
+                num_speculative_tokens=args.num_speculative_tokens,
+                max_num_batched_tokens=args.max_num_batched_tokens,
+                long_prefill_token_threshold=args.long_prefill_token_threshold,
+                max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                enable_chunked_prefill=args.enable_chunked_prefill,
+                enable_prefix_caching=args.enable_prefix_caching)
 
 
 def run_other_node(args: argparse.Namespace) -> int | None:
@@ -364,6 +411,7 @@ def _summary(engine: Engine, outputs, seconds: float) -> dict:
         "output_tokens_per_s": round(tokens / seconds, 2) if seconds else None,
         "steps": s.steps, "dispatches": dict(sorted(engine.dispatches.items())),
         "preemptions": engine.scheduler.num_preemptions,
+        **engine.resident(),
         "mtp": {"drafts": s.drafts, "draft_tokens": s.draft_tokens,
                 "accepted_tokens": s.accepted_tokens,
                 "acceptance_rate": round(s.accepted_tokens / s.draft_tokens, 4)

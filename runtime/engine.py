@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -20,6 +21,7 @@ from pathlib import Path
 import torch
 
 import generated
+from runtime import plan_report
 from runtime.admission import Admission, ConfigError  # noqa: F401  (ConfigError: re-exported)
 from runtime.detokenizer import Detokenizer
 from runtime.model_runner import ModelRunner, StepResult, TokenLogprobs
@@ -27,7 +29,7 @@ from runtime.request import Request
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import SchedulerOutput
 from runtime.tokenizer import Tokenizer
-from runtime.weights import bytes_per_rank, load_params
+from runtime.weights import bytes_per_rank, load_params, resident_bytes
 from runtime.workers import Workers
 
 log = logging.getLogger("v4serve.engine")
@@ -45,7 +47,12 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     prefix_affinity_threshold: int = 4    # running requests a cached prefix may outweigh
-    kv_cache_memory: int | None = None            # bytes per rank; None: enough for the limits
+    kv_cache_memory: int | None = None            # pool bytes per rank; overrides the plan
+    # bytes of one rank's device: the pools take what the weights and a workspace leave of
+    # device_memory x gpu_memory_utilization (runtime/memory_plan.py); None: pools sized
+    # by kv_cache_memory, else enough for the limits
+    device_memory: int | None = None
+    gpu_memory_utilization: float = 0.9
     device: str | None = None                     # None: the spec's device
     backend: str | None = None
     max_logprobs: int = 20                        # most top log-probs a request may ask for
@@ -156,9 +163,21 @@ class Engine:
             else bytes_per_rank(self.params),
             "pool_tokens_per_rank": cap.tokens, "pool_bytes_per_rank": cap.bytes,
             "max_model_len": limits.max_model_len,
-            # requests of max_model_len tokens the pools hold at once, over all ranks
-            "max_concurrency": round(c.RANKS * cap.tokens / limits.max_model_len, 2),
+            # requests of max_model_len tokens that run at once, over all ranks
+            "max_concurrency": self.admission.concurrency(),
+            # `v4serve plan`'s figures for this configuration
+            "plan": plan_report.report(self.admission),
         }
+
+    def resident(self) -> dict:
+        """Device bytes this process holds: its weights and its pools (every rank with
+        `uni`; the rank processes hold theirs with `mp`)."""
+        if self.multiprocess:
+            return {"resident_weight_bytes": 0, "resident_pool_bytes": 0}
+        held = [self.runner.pools] + ([self.runner.mtp] if self.runner.mtp else [])
+        pools = [getattr(h, f.name) for h in held for f in dataclasses.fields(h)]
+        return {"resident_weight_bytes": resident_bytes(self.params),
+                "resident_pool_bytes": sum(t.numel() * t.element_size() for t in pools)}
 
     def graph_info(self) -> dict:
         """The compiled backend's graphs: seconds each took to compile or load, and how

@@ -28,92 +28,20 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from runtime.checkpoint_layout import (
+    expected_shapes,
+    is_fp8_projection,
+    is_routed_expert,
+    keeps_float32,
+)
 from runtime.model import quant
 from runtime.model.args import ModelArgs
 from runtime.model.params import Experts, ModelParams
 from runtime.model.rope import Rope
 
-# Dense tensors a kernel reads through quant.linear / quant.weight: every projection
-# matrix but the embedding, the head and the router (read whole, in float32).
-DEQUANTIZED_AT_LOAD = ("embed.weight", "head.weight", "ffn.gate.weight")
-
 
 class CheckpointError(ValueError):
     """The checkpoint does not fit the spec: names the file, tensor or key."""
-
-
-def expected_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
-    """Every tensor name of a checkpoint of this architecture, with its shape."""
-    d = args.dim
-    shapes = {
-        "embed.weight": (args.vocab_size, d), "head.weight": (args.vocab_size, d),
-        "norm.weight": (d,), **_hc_head("", args),
-    }
-    for layer in range(args.n_layers + args.n_mtp_layers):
-        prefix = args.prefix(layer)
-        shapes.update({prefix + k: v for k, v in _layer_shapes(args, layer).items()})
-        if layer >= args.n_layers:
-            shapes.update({
-                prefix + "e_proj.weight": (d, d), prefix + "h_proj.weight": (d, d),
-                prefix + "enorm.weight": (d,), prefix + "hnorm.weight": (d,),
-                prefix + "norm.weight": (d,), **_hc_head(prefix, args),
-            })
-    return shapes
-
-
-def _hc_head(prefix: str, args: ModelArgs) -> dict[str, tuple[int, ...]]:
-    hc = args.hc_mult
-    return {prefix + "hc_head_fn": (hc, hc * args.dim), prefix + "hc_head_base": (hc,),
-            prefix + "hc_head_scale": (1,)}
-
-
-def _layer_shapes(args: ModelArgs, layer: int) -> dict[str, tuple[int, ...]]:
-    d, hc, D, H = args.dim, args.hc_mult, args.head_dim, args.n_heads
-    mix = (2 + hc) * hc
-    shapes: dict[str, tuple[int, ...]] = {"attn_norm.weight": (d,), "ffn_norm.weight": (d,)}
-    for site in ("attn", "ffn"):
-        shapes.update({f"hc_{site}_fn": (mix, hc * d), f"hc_{site}_base": (mix,),
-                       f"hc_{site}_scale": (3,)})
-    shapes.update({
-        "attn.wq_a.weight": (args.q_lora_rank, d), "attn.q_norm.weight": (args.q_lora_rank,),
-        "attn.wq_b.weight": (H * D, args.q_lora_rank), "attn.wkv.weight": (D, d),
-        "attn.kv_norm.weight": (D,), "attn.attn_sink": (H,),
-        "attn.wo_a.weight": (args.o_groups * args.o_lora_rank, H * D // args.o_groups),
-        "attn.wo_b.weight": (d, args.o_groups * args.o_lora_rank),
-    })
-    kind = args.kind(layer)
-    if kind in ("csa", "hca"):
-        shapes.update(_compressor("attn.compressor.", args.ratio(layer), D, d))
-    if kind == "csa":
-        DI, HI = args.index_head_dim, args.index_heads
-        shapes.update(_compressor("attn.indexer.compressor.", args.ratio(layer), DI, d))
-        shapes.update({"attn.indexer.wq_b.weight": (HI * DI, args.q_lora_rank),
-                       "attn.indexer.weights_proj.weight": (HI, d)})
-    shapes.update(_ffn_shapes(args, layer))
-    return shapes
-
-
-def _compressor(prefix: str, ratio: int, width: int, d: int) -> dict[str, tuple[int, ...]]:
-    coff = 2 if ratio == 4 else 1
-    return {prefix + "wkv.weight": (coff * width, d), prefix + "wgate.weight": (coff * width, d),
-            prefix + "ape": (ratio, coff * width), prefix + "norm.weight": (width,)}
-
-
-def _ffn_shapes(args: ModelArgs, layer: int) -> dict[str, tuple[int, ...]]:
-    d, inter, shared = args.dim, args.moe_inter, args.moe_inter * args.n_shared_experts
-    shapes: dict[str, tuple[int, ...]] = {"ffn.gate.weight": (args.n_experts, d)}
-    if args.is_hash(layer):
-        shapes["ffn.gate.tid2eid"] = (args.vocab_size, args.n_active)
-    else:
-        shapes["ffn.gate.bias"] = (args.n_experts,)
-    for e in range(args.n_experts):
-        shapes.update({f"ffn.experts.{e}.w1.weight": (inter, d),
-                       f"ffn.experts.{e}.w2.weight": (d, inter),
-                       f"ffn.experts.{e}.w3.weight": (inter, d)})
-    shapes.update({"ffn.shared_experts.w1.weight": (shared, d),
-                   "ffn.shared_experts.w2.weight": (d, shared),
-                   "ffn.shared_experts.w3.weight": (shared, d)})
-    return shapes
 
 
 def check_config(directory: Path, spec_config: Mapping[str, Any], spec_path: str) -> None:
@@ -166,9 +94,9 @@ def load_params(directory: str | Path, spec: Any, device: str | torch.device = "
         shapes = expected_shapes(args)
         _check_names(reader, shapes, directory)
         dense: dict[str, torch.Tensor] = {}
-        for name in shapes:                      # one tensor at a time, to the device
-            if ".experts." not in name:
-                dense.update(_dense(reader, name, dtype, device, as_released))
+        for name, shape in shapes.items():       # one tensor at a time, to the device
+            if not is_routed_expert(name):
+                dense.update(_dense(reader, name, shape, dtype, device, as_released))
         experts = {layer: _experts(reader, args, layer, dtype, device,
                                    range(held.start * per, held.stop * per), as_released)
                    for layer in range(args.n_layers + args.n_mtp_layers)}
@@ -177,10 +105,10 @@ def load_params(directory: str | Path, spec: Any, device: str | torch.device = "
                        device=device, ranks=ranks)
 
 
-def _dense(reader: _Reader, name: str, dtype: torch.dtype, device: torch.device,
-           as_released: bool) -> dict[str, torch.Tensor]:
+def _dense(reader: _Reader, name: str, shape: tuple[int, ...], dtype: torch.dtype,
+           device: torch.device, as_released: bool) -> dict[str, torch.Tensor]:
     """{name: tensor} on the device, or {name: FP8 data, its scale name: scale}."""
-    if as_released and reader.is_fp8(name) and not name.endswith(DEQUANTIZED_AT_LOAD):
+    if as_released and reader.is_fp8(name) and is_fp8_projection(name, shape):
         data, scale = reader.raw(name)
         return {name: data.to(device), quant.scale_name(name): scale.to(device)}
     return {name: _convert(reader.load(name, dtype), name, dtype, device)}
@@ -190,8 +118,7 @@ def _convert(t: torch.Tensor, name: str, dtype: torch.dtype, device: torch.devic
     """Matrices take the compute dtype; vectors, mHC and ape stay float32; ids stay ints."""
     if not t.is_floating_point():
         return t.to(device)
-    keep_fp32 = t.dim() == 1 or "hc_" in name or name.endswith(".ape")
-    return t.to(device=device, dtype=torch.float32 if keep_fp32 else dtype)
+    return t.to(device=device, dtype=torch.float32 if keeps_float32(name, t.dim()) else dtype)
 
 
 def _experts(reader: _Reader, args: ModelArgs, layer: int, dtype: torch.dtype,
@@ -306,11 +233,21 @@ def dequantize_fp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 def bytes_per_rank(params: ModelParams) -> int:
     """What one rank holds: every dense tensor (replicated) and its share of the routed
     experts."""
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                for t in params.dense.values()}      # a fused tensor and its views: once
-    dense = sum(storages.values())
-    stacks = params.experts.values()
-    routed = sum(t.numel() * t.element_size() for e in stacks for t in e.tensors())
-    held = sum(e.count for e in stacks)
+    dense, routed = _held_bytes(params)
+    held = sum(e.count for e in params.experts.values())
     return dense + (routed * params.experts_per_rank * len(params.experts) // held
                     if held else 0)
+
+
+def resident_bytes(params: ModelParams) -> int:
+    """What this process holds: the dense tensors once and every routed expert loaded."""
+    return sum(_held_bytes(params))
+
+
+def _held_bytes(params: ModelParams) -> tuple[int, int]:
+    """(dense bytes, routed expert bytes) of the tensors loaded here."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in params.dense.values()}      # a fused tensor and its views: once
+    routed = sum(t.numel() * t.element_size()
+                 for e in params.experts.values() for t in e.tensors())
+    return sum(storages.values()), routed

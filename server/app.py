@@ -566,6 +566,8 @@ def server_info(state: ServerState) -> dict:
         "pool_capacity": {"tokens_per_rank": cap.tokens, "bytes_per_rank": cap.bytes,
                           "blocks_per_rank": cap.blocks,
                           "max_concurrency": summary["max_concurrency"]},
+        # `v4serve plan`'s figures for this configuration: weights by kind, memory, pools
+        "memory_plan": summary["plan"],
         "limits": {"max_num_batched_tokens": limits.max_num_batched_tokens,
                    "max_model_len": limits.max_model_len,
                    "max_num_seqs": limits.max_num_seqs,

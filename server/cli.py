@@ -14,6 +14,7 @@ import socket
 import subprocess
 import time
 
+from runtime import plan_report
 from runtime.cli import add_engine_args
 
 log = logging.getLogger("v4serve")
@@ -172,7 +173,9 @@ def log_summary(summary: dict) -> None:
     log.info("spec %s (%s), checkpoint %s, backend %s on %s, %d rank(s)", summary["spec"],
              summary["spec_path"], summary["checkpoint"], summary["backend"],
              summary["device"], summary["ranks"])
-    log.info("weights: %.1f MiB per rank", summary["param_bytes_per_rank"] / 2**20)
+    for line in plan_report.render(summary["plan"]).splitlines():   # `v4serve plan`'s
+        log.info("plan: %s", line)
+    log.info("weights loaded: %.1f MiB per rank", summary["param_bytes_per_rank"] / 2**20)
     for proc in summary.get("processes") or []:
         if "rank" in proc:                 # mp: one line per rank process
             log.info("rank %d: pid %d on %s, %s, weights %.1f MiB, pools %.1f MiB",
@@ -180,7 +183,7 @@ def log_summary(summary: dict) -> None:
                      proc["param_bytes"] / 2**20, proc["pool_bytes"] / 2**20)
     log.info("KV cache size: %d tokens per rank (%.1f MiB per rank)",
              summary["pool_tokens_per_rank"], summary["pool_bytes_per_rank"] / 2**20)
-    log.info("Maximum concurrency for %d tokens per request: %.2fx",
+    log.info("Maximum concurrency for %d tokens per request: %d requests",
              summary["max_model_len"], summary["max_concurrency"])
 
 

@@ -9,6 +9,7 @@ import sys
 
 from codegen import cli as codegen_cli
 from runtime import cli as runtime_cli
+from runtime import plan_report
 from server import cli as server_cli
 
 
@@ -20,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     codegen_cli.add_spec_parser(sub)
     runtime_cli.add_parser(sub)
     runtime_cli.add_compile_parser(sub)
+    plan_report.add_parser(sub)
     server_cli.add_parser(sub)
     return parser
 
