@@ -126,9 +126,9 @@ class Engine:
         """Compile (or load from the cache) every graph of a compiling backend before
         the first request; returns seconds per graph (empty for an eager backend). With
         defer_compile, graphs not compiled yet stay eager (see pending_graphs)."""
-        if self.multiprocess or not hasattr(self.runner.decode.backend, "graphs"):
-            return {}               # nothing to compile here (rank workers warm up alone)
-        self.runner.warmup()
+        if self.multiprocess or not self.runner.compiles():
+            return {}               # nothing to compile here: an eager backend (or
+        self.runner.warmup()        # --enforce-eager), or rank workers that warm up alone
         graphs = self.graphs
         return dict(graphs.seconds) if graphs is not None else {}
 

@@ -91,26 +91,42 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def workspace(spec: ModuleType, limits: Any, ranks: int | None = None) -> int:
-    """Temporaries of the largest launch, estimated from the shapes (not profiled):
-    a prefill of max_num_batched_tokens rows (the mHC streams and their float32 mixes,
-    queries and attention scores over the window and the selected entries), the logits
-    of the widest launch, and one layer's routed experts of this rank dequantized into
-    the compute dtype when they are held as FP4 (compiled graphs fuse the dequantization;
-    --enforce-eager materializes float32 intermediates beyond this)."""
+    """Temporaries of the largest launch, estimated from the shapes (not profiled): a
+    prefill of max_num_batched_tokens tokens T at the context bucket of max_model_len,
+    as the compiled graphs compute it (all of a launch's tiles at once):
+
+        streams    the mHC streams and their float32 mixes        6 T hc dim 4
+        queries    q and its float32 copies                       3 T H D 4
+        attention  scores over the window and the chosen entries  2 T H (window + topk) 4
+        entries    the index_topk entries each query reads        2 T topk D 4
+        indexer    scores over every compressed entry E of the    2 T E 4
+                   bucket (E = bucket / 4), its keys per tile     T / tile E index_dim 4
+        logits     the widest launch's rows x vocabulary          2 rows V 4
+        experts    one layer's routed experts of the rank, held   experts_per_rank 3 inter
+                   FP4, dequantized into the compute dtype        dim dtype_bytes
+
+    The indexer and entry terms grow with the context: lower --max-num-batched-tokens
+    (the prefill chunk) to shrink them."""
     c, cfg = spec.contract, spec.architecture.CONFIG
-    args = ModelArgs.from_config(cfg)
-    t, dtype = limits.max_num_batched_tokens, DTYPE_BYTES[c.DTYPE]
-    streams = 6 * t * args.hc_mult * args.dim * 4
-    queries = 3 * t * args.n_heads * args.head_dim * 4
-    scores = 2 * t * args.n_heads * (cfg["sliding_window"] + args.index_topk) * 4
+    a = ModelArgs.from_config(cfg)
+    t = limits.max_num_batched_tokens
+    bucket = min((b for b in c.CONTEXT_BUCKETS if b >= limits.max_model_len),
+                 default=c.CONTEXT_BUCKETS[-1])
+    csa = "csa" in {a.kind(layer) for layer in range(a.n_layers)}
+    terms = [6 * t * a.hc_mult * a.dim * 4,
+             3 * t * a.n_heads * a.head_dim * 4,
+             2 * t * a.n_heads * (cfg["sliding_window"] + a.index_topk * csa) * 4]
+    if csa:
+        entries = bucket // 4
+        terms += [2 * t * a.index_topk * a.head_dim * 4,
+                  2 * t * entries * 4 + -(-t // c.TILE) * entries * a.index_head_dim * 4]
     rows = max(max(lay.batch * lay.seq for lay in c.DECODE_LAYOUTS.values())
                * c.DECODE_MICRO_BATCHES, c.SLOTS_PER_RANK)
-    logits = 2 * rows * args.vocab_size * 4
-    experts = 0
+    terms.append(2 * rows * a.vocab_size * 4)
     if c.WEIGHTS_FORMAT == "as_released" and c.WEIGHTS_EXPERTS == "fp4":
-        per_rank = args.n_experts // (ranks or c.EP)
-        experts = per_rank * 3 * args.moe_inter * args.dim * dtype
-    return streams + queries + scores + logits + experts
+        per_rank = a.n_experts // (ranks or c.EP)
+        terms.append(per_rank * 3 * a.moe_inter * a.dim * DTYPE_BYTES[c.DTYPE])
+    return sum(terms)
 
 
 @dataclass(frozen=True)

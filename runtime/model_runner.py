@@ -203,6 +203,11 @@ class ModelRunner:
 
     # -- warmup ----------------------------------------------------------------------
 
+    def compiles(self) -> bool:
+        """Whether this runner's launches run compiled graphs (see warmup)."""
+        compiles = getattr(self.decode.backend, "compiles", None)
+        return bool(compiles and compiles(self.device))
+
     def warmup(self) -> None:
         """Run every kernel once with one row and with two (a row count of one is a
         graph of its own), on rows whose block tables are all -1: they read zeros and

@@ -83,8 +83,9 @@ class RankWorker:
                 "pool_bytes": self.pool_bytes}
 
     def warmup(self) -> None:
-        """Every rank runs the same warm-up launches, so their collectives pair."""
-        if hasattr(self.runner.decode.backend, "graphs"):
+        """Every rank runs the same warm-up launches, so their collectives pair; only a
+        compiling backend has anything to warm up."""
+        if self.runner.compiles():
             self.runner.warmup()
 
     def step(self, plan: Plan) -> dict[str, StepResult]:

@@ -19,6 +19,7 @@ is a CheckpointError naming the tensor or key.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 from collections.abc import Mapping
@@ -26,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from runtime.checkpoint_layout import (
     expected_shapes,
@@ -38,6 +38,7 @@ from runtime.model import quant
 from runtime.model.args import ModelArgs
 from runtime.model.params import Experts, ModelParams
 from runtime.model.rope import Rope
+from runtime.safetensors_file import SafetensorsError, SafetensorsFile
 
 
 class CheckpointError(ValueError):
@@ -100,9 +101,19 @@ def load_params(directory: str | Path, spec: Any, device: str | torch.device = "
         experts = {layer: _experts(reader, args, layer, dtype, device,
                                    range(held.start * per, held.stop * per), as_released)
                    for layer in range(args.n_layers + args.n_mtp_layers)}
+    _return_freed_heap()
     return ModelParams(args=args, fingerprint=spec.architecture.FINGERPRINT, dense=dense,
                        experts=experts, rope=Rope.build(args, device), dtype=dtype,
                        device=device, ranks=ranks)
+
+
+def _return_freed_heap() -> None:
+    """Give the host memory the load's temporaries freed back to the system (glibc keeps
+    freed heap pages mapped; malloc_trim unmaps them). A no-op elsewhere."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _dense(reader: _Reader, name: str, shape: tuple[int, ...], dtype: torch.dtype,
@@ -162,28 +173,39 @@ def _check_names(reader: _Reader, shapes: dict[str, tuple[int, ...]], directory:
 
 
 class _Reader:
-    """Tensors of every safetensors file of a directory, by name; `X.scale` tensors
-    are folded into their `X.weight` by dequantization."""
+    """Tensors of every safetensors file of a directory, by name, each read when asked
+    for (runtime/safetensors_file.py: no file is mapped); `X.scale` tensors go with
+    their `X.weight`."""
 
     def __init__(self, directory: Path):
         files = sorted(directory.glob("*.safetensors"))
         if not files:
             raise CheckpointError(f"{directory}: no *.safetensors files")
-        self._handles = [safe_open(str(f), framework="pt") for f in files]
+        self._handles: list[SafetensorsFile] = []
+        try:
+            for f in files:
+                self._handles.append(SafetensorsFile(f))
+        except (OSError, SafetensorsError) as exc:
+            self.close()
+            raise CheckpointError(str(exc)) from None
         self._where = {name: h for h in self._handles for name in h.keys()}
 
     def __enter__(self) -> _Reader:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._where.clear()
+        self.close()
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.close()
         self._handles.clear()
 
     def weight_names(self) -> set[str]:
         return {n for n in self._where if not n.endswith(".scale")}
 
     def logical_shape(self, name: str) -> tuple[int, ...]:
-        shape = tuple(self._where[name].get_slice(name).get_shape())
+        shape = self._where[name].shape(name)
         if self.is_fp4(name):
             return (shape[0], shape[1] * 2)
         return shape
@@ -198,14 +220,14 @@ class _Reader:
         return name.removesuffix(".weight") + ".scale" in self._where
 
     def _dtype(self, name: str) -> str:
-        return self._where[name].get_slice(name).get_dtype()
+        return self._where[name].dtype(name)
 
     def raw(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """A quantized tensor as stored (FP8 e4m3, or FP4 pairs as uint8) and its scale
         (e8m0 as uint8 exponents, or float32)."""
-        data = self._where[name].get_tensor(name)
+        data = self._where[name].read(name)
         scale_name = quant.scale_name(name)
-        scale = self._where[scale_name].get_tensor(scale_name)
+        scale = self._where[scale_name].read(scale_name)
         data = data.view(torch.uint8) if data.dtype == torch.int8 else data
         if scale.dtype == torch.float8_e8m0fnu:
             scale = scale.view(torch.uint8)
@@ -216,7 +238,7 @@ class _Reader:
     def load(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         """A tensor as stored, or dequantized to `dtype` if it has a scale."""
         if not self._scaled(name):
-            return self._where[name].get_tensor(name)
+            return self._where[name].read(name)
         return quant.dequantize(*self.raw(name), dtype)
 
 

@@ -44,17 +44,27 @@ def scale_values(scale: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A quantized tensor (FP8 or packed FP4, any leading dims) in `dtype`."""
-    if data.dtype == FP8:
-        return _fp8(data, scale_values(scale)).to(dtype)
-    return _fp4(data, scale_values(scale)).to(dtype)
+    """A quantized tensor (FP8 or packed FP4, any leading dims) in `dtype`.
+
+    An e8m0 scale is a power of two and every e4m3 / e2m1 value fits `dtype`'s mantissa,
+    so the product is computed in `dtype` itself: exact, hence equal to the float32
+    product rounded to `dtype`, without float32 temporaries. A float scale multiplies in
+    float32 and the product is rounded once."""
+    work = dtype if scale.dtype == torch.uint8 else torch.float32
+    scale = scale_values(scale).to(work)
+    values = _fp8(data, scale, work) if data.dtype == FP8 else _fp4(data, scale, work)
+    return values.to(dtype)
 
 
-def _fp8(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def _fp8(data: torch.Tensor, scale: torch.Tensor, work: torch.dtype) -> torch.Tensor:
     out, inp = data.shape[-2:]
     if scale.shape[-2] != out:                       # block scales: one per 128 rows
         scale = scale.repeat_interleave(FP8_BLOCK, -2)[..., :out, :]
-    return data.float() * scale.repeat_interleave(FP8_BLOCK, -1)[..., :inp]
+    values = data.to(work)                           # a new tensor: scaled in place
+    if inp % FP8_BLOCK:
+        return values.mul_(scale.repeat_interleave(FP8_BLOCK, -1)[..., :inp])
+    blocks = values.view(*values.shape[:-1], inp // FP8_BLOCK, FP8_BLOCK)
+    return blocks.mul_(scale[..., None]).view(values.shape)
 
 
 def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
@@ -65,9 +75,13 @@ def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
     return torch.where(codes >= 8, -magnitude, magnitude)
 
 
-def _fp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    codes = torch.stack((packed & 0x0F, packed >> 4), dim=-1).flatten(-2)    # [..., out, in]
-    return e2m1_values(codes) * scale.repeat_interleave(FP4_GROUP, -1)[..., : codes.shape[-1]]
+def _fp4(packed: torch.Tensor, scale: torch.Tensor, work: torch.dtype) -> torch.Tensor:
+    """Each byte looked up as its pair of values (a 256-row table), then scaled per 32."""
+    byte = torch.arange(256, device=packed.device)
+    pairs = torch.stack((e2m1_values(byte & 0x0F), e2m1_values(byte >> 4)), -1).to(work)
+    values = F.embedding(packed.int(), pairs)                   # [..., out, in/2, 2]
+    groups = values.view(*packed.shape[:-1], -1, FP4_GROUP)     # [..., out, in/32, 32]
+    return groups.mul_(scale[..., None]).view(*packed.shape[:-1], -1)
 
 
 def weight(p: Mapping[str, torch.Tensor], name: str, dtype: torch.dtype) -> torch.Tensor:
@@ -84,10 +98,26 @@ def linear(x: torch.Tensor, p: Mapping[str, torch.Tensor], name: str) -> torch.T
 def stacks(held: tuple[torch.Tensor, ...], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     """A layer's routed experts (w13, w2) in `dtype` from what the device holds: the two
     stacks, or the two packed stacks and their two scales."""
+    return stack(held, 0, dtype), stack(held, 1, dtype)
+
+
+def stack(held: tuple[torch.Tensor, ...], which: int, dtype: torch.dtype,
+          rows: slice = slice(None)) -> torch.Tensor:
+    """One of a layer's routed expert stacks (0: w13, 1: w2) in `dtype`, or the output
+    `rows` of it (w13's w1 or w3 half)."""
     if len(held) == 2:
-        return held
-    w13, w2, w13_scale, w2_scale = held
-    return dequantize(w13, w13_scale, dtype), dequantize(w2, w2_scale, dtype)
+        return held[which][:, rows]
+    return _stack(held[which][:, rows], held[which + 2][:, rows], dtype)
+
+
+def _stack(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A stack [n, out, in] dequantized expert by expert into one tensor: the float32
+    temporaries are one expert's at a time, not the whole stack's."""
+    inputs = data.shape[-1] * (2 if data.dtype == FP4 else 1)
+    out = torch.empty((*data.shape[:-1], inputs), dtype=dtype, device=data.device)
+    for i in range(data.shape[0]):
+        out[i] = dequantize(data[i], scale[i], dtype)
+    return out
 
 
 def row_scales(scale: torch.Tensor, rows: int) -> torch.Tensor:

@@ -45,12 +45,13 @@ def test_a_deferred_graph_runs_eagerly_until_its_artifact_appears(tmp_path, monk
     assert deferred.pending() == 0 and "scale" in deferred.seconds
 
 
-def test_engine_warmup_runs_every_launch_of_a_compiled_backend_only():
+def test_engine_warmup_runs_every_launch_of_a_compiling_backend_only():
     from tests.model.support import reference_params
     from tests.runtime.engine_support import make_engine
 
     params = reference_params()
-    for backend, warms in (("compiled-eager", True), ("torch", False)):
+    for backend, warms in (("compiled-trace", True), ("compiled-eager", False),
+                           ("torch", False)):
         engine = make_engine(params, backend=backend)
         calls = []
         engine.runner.warmup = lambda calls=calls: calls.append(1)

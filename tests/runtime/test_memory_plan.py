@@ -108,7 +108,7 @@ def test_more_memory_holds_more_tokens_and_more_ranks_hold_fewer_experts_each():
 def test_a_server_reports_and_logs_the_plan_of_the_same_flags():
     from tests.server.support import ServerProcess
 
-    flags = ("--device-memory", "256MiB", "--gpu-memory-utilization", "0.8",
+    flags = ("--device-memory", "640MiB", "--gpu-memory-utilization", "0.8",
              "--max-model-len", "2048")
     status, want = _plan("--spec", "reference", *flags)
     assert status == 0

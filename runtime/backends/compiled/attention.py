@@ -39,6 +39,14 @@ def attention(p: Weights, splits: dict[str, tuple[int, ...]], args: ModelArgs, k
               entries: torch.Tensor | None) -> torch.Tensor:
     """x [N*S, dim] -> attention output [N*S, dim]; writes the layer's pools. Every
     projection of x is one matmul (fused.x), and so is every projection of qr."""
+    heads = _heads(p, splits, args, kind, x, rows, pools, inv_freq, entries)
+    return output_projection(p, args, heads)     # the heads' temporaries are gone by now
+
+
+def _heads(p: Weights, splits: dict[str, tuple[int, ...]], args: ModelArgs, kind: str,
+           x: torch.Tensor, rows: Rows, pools: dict[str, Paged], inv_freq: torch.Tensor,
+           entries: torch.Tensor | None) -> torch.Tensor:
+    """The heads' outputs [N*S, H, D] (before the output projection)."""
     n, s = rows.shape
     pos = rows.pos.reshape(-1)
     xp = linear(x, p, "fused.x").split(splits["fused.x"], dim=-1)
@@ -56,8 +64,7 @@ def attention(p: Weights, splits: dict[str, tuple[int, ...]], args: ModelArgs, k
                                      entries)
     out = _attend(q.view(n, s, args.n_heads, -1), keys, keys_ok, picked, picked_ok,
                   p["attn.attn_sink"])
-    out = apply_rope(out.view(n * s, args.n_heads, -1), pos, inv_freq, inverse=True)
-    return output_projection(p, args, out)
+    return apply_rope(out.view(n * s, args.n_heads, -1), pos, inv_freq, inverse=True)
 
 
 def _window(ori: Paged, rows: Rows, kv: torch.Tensor,

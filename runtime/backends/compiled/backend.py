@@ -28,6 +28,11 @@ class CompiledBackend:
         self._models: dict[int, CompiledModel] = {}
         self._captured: dict[tuple, _Captured] = {}
 
+    def compiles(self, device: torch.device) -> bool:
+        """Whether launches on `device` run through compiled (or traced) graphs: only
+        then has a warm-up anything to do."""
+        return (self.mode or default_mode(device)) != "eager"
+
     def model(self, kernel: KernelABI, weights) -> CompiledModel:
         """The CompiledModel of these weights (built once per weights object)."""
         if self.graphs is None:

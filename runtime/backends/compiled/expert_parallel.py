@@ -69,7 +69,7 @@ def _ep_moe(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, w13: t
                                    got)                      # local expert of each row
     by_expert = torch.argsort(mine, stable=True)
     offs = got.view(ranks, local).sum(0).cumsum(0).to(torch.int32)
-    y = experts_ffn(rows[by_expert], w13, w2, offs, limit)
+    y = experts_ffn(rows[by_expert], (w13, w2), offs, limit)
     y = torch.empty_like(y).index_copy(0, by_expert, y)      # the order rows came in
     back = _exchange(y, recvs, sends, group)                 # [T*k, dim], sorted order
     out = torch.empty_like(back).index_copy(0, order, back)

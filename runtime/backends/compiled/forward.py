@@ -148,9 +148,11 @@ def block(args: ModelArgs, kind: str, hashed: bool, groups: dict[str, PoolGroup]
     x = rms_norm(y, w["ffn_norm.weight"], args.norm_eps)
     chosen, weights = route(w, args, hashed, x, ids.reshape(-1))
     gate, up = linear(x, w, "fused.shared").split(splits["fused.shared"], dim=-1)
-    moe = ep_moe if experts[0].shape[0] < args.n_experts else routed   # holds a share
-    out = moe(x, chosen, weights, *stacks(experts, x.dtype), args.swiglu_limit) \
-        + linear(F.silu(gate) * up, w, "ffn.shared_experts.w2.weight")
+    if experts[0].shape[0] < args.n_experts:     # holds a share: rows travel to the ranks
+        out = ep_moe(x, chosen, weights, *stacks(experts, x.dtype), args.swiglu_limit)
+    else:
+        out = routed(x, chosen, weights, *experts[:2], args.swiglu_limit, *experts[2:])
+    out = out + linear(F.silu(gate) * up, w, "ffn.shared_experts.w2.weight")
     return hc_post(out, h, post, comb).view(n, s, hc, dim)
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from runtime.model import quant
+
 _LIB = torch.library.Library("v4serve", "FRAGMENT")     # see paged.py: no custom_op layers
 _LIB.define("grouped_mm(Tensor a, Tensor b, Tensor offs) -> Tensor")
 
@@ -36,24 +38,32 @@ grouped_mm = torch.ops.v4serve.grouped_mm
 
 
 def routed(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
-           w2: torch.Tensor, limit: float) -> torch.Tensor:
+           w2: torch.Tensor, limit: float, *scales: torch.Tensor) -> torch.Tensor:
     """Dispatch every (token, expert) pair, run the experts (w13 [E, 2 * inter, dim]: w1's
-    rows then w3's; w2 [E, dim, inter]), combine weighted by route."""
+    rows then w3's; w2 [E, dim, inter]; packed FP4 with their `scales`), combine weighted
+    by route."""
     t, k = chosen.shape
     flat = chosen.reshape(-1)
     order = torch.argsort(flat, stable=True)          # dispatch: by expert, so by rank
     counts = torch.zeros(w13.shape[0], dtype=torch.int64, device=x.device)
     counts = counts.scatter_add(0, flat, torch.ones_like(flat))
     offs = counts.cumsum(0).to(torch.int32)
-    y = experts_ffn(x[order // k], w13, w2, offs, limit)                   # [T*k, dim]
+    y = experts_ffn(x[order // k], (w13, w2, *scales), offs, limit)         # [T*k, dim]
     back = torch.empty_like(y).index_copy(0, order, y)                     # combine
     return (back.view(t, k, -1).float() * weights[..., None]).sum(1).to(x.dtype)
 
 
-def experts_ffn(rows: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, offs: torch.Tensor,
+def experts_ffn(rows: torch.Tensor, held: tuple[torch.Tensor, ...], offs: torch.Tensor,
                 limit: float) -> torch.Tensor:
     """rows [M, dim] in expert runs ending at offs [E] (int32) through their experts'
-    clamped SwiGLU -> [M, dim]."""
-    gate, up = grouped_mm(rows, w13.transpose(1, 2), offs).split(w2.shape[-1], dim=-1)
+    clamped SwiGLU -> [M, dim]. `held`: the stacks (w13, w2), gate and up in one matmul;
+    or packed FP4 stacks and their scales, dequantized a third at a time (w1, w3, w2:
+    each is gone before the next is made)."""
+    inter = held[0].shape[1] // 2
+    if len(held) == 2:
+        gate, up = grouped_mm(rows, held[0].transpose(1, 2), offs).split(inter, dim=-1)
+    else:
+        gate, up = (grouped_mm(rows, quant.stack(held, 0, rows.dtype, half).transpose(1, 2),
+                               offs) for half in (slice(None, inter), slice(inter, None)))
     return grouped_mm(F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit),
-                      w2.transpose(1, 2), offs)
+                      quant.stack(held, 1, rows.dtype).transpose(1, 2), offs)

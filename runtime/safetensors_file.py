@@ -1,0 +1,101 @@
+"""A safetensors file read one tensor at a time into memory of its own, never mapped.
+
+safetensors' `safe_open` maps the whole file: every page a read touches stays in the
+process's resident set until the file is closed, so loading a checkpoint through it
+peaks at the weights plus the whole file. Here a tensor is read with pread(2) into a
+fresh buffer: the host holds the tensor being loaded and nothing else of the file.
+
+Format: 8 bytes (little-endian u64) header length N, N bytes of JSON
+{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__"?: {...}},
+then the data, offsets relative to its start, little-endian.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import torch
+
+DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2, "F8_E8M0": torch.float8_e8m0fnu,
+}
+MAX_HEADER = 100 * 2**20
+
+
+class SafetensorsError(ValueError):
+    """The file is not a readable safetensors file; the message names it."""
+
+
+class SafetensorsFile:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._fd = os.open(self.path, os.O_RDONLY)
+        try:
+            self._entries, self._base = self._header()
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    def _header(self) -> tuple[dict[str, dict], int]:
+        size = os.fstat(self._fd).st_size
+        head = os.pread(self._fd, 8, 0)
+        if len(head) < 8:
+            raise SafetensorsError(f"{self.path}: too short for a safetensors header")
+        (length,) = struct.unpack("<Q", head)
+        if length > min(MAX_HEADER, size - 8):
+            raise SafetensorsError(f"{self.path}: header of {length} bytes does not fit")
+        try:
+            entries = json.loads(os.pread(self._fd, length, 8))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise SafetensorsError(f"{self.path}: unreadable header: {exc}") from None
+        entries.pop("__metadata__", None)
+        base = 8 + length
+        for name, entry in entries.items():
+            self._check(name, entry, size - base)
+        return entries, base
+
+    def _check(self, name: str, entry: dict, data_bytes: int) -> None:
+        if entry.get("dtype") not in DTYPES:
+            raise SafetensorsError(f"{self.path}: tensor {name} has dtype "
+                                   f"{entry.get('dtype')!r}; readable: {sorted(DTYPES)}")
+        begin, end = entry["data_offsets"]
+        numel = 1
+        for d in entry["shape"]:
+            numel *= d
+        if not 0 <= begin <= end <= data_bytes or \
+                end - begin != numel * DTYPES[entry["dtype"]].itemsize:
+            raise SafetensorsError(f"{self.path}: tensor {name} has offsets {begin}..{end} "
+                                   f"that do not hold its shape {entry['shape']}")
+
+    def keys(self) -> list[str]:
+        return list(self._entries)
+
+    def dtype(self, name: str) -> str:
+        """The stored dtype's safetensors name (F32, BF16, F8_E4M3, I8, ...)."""
+        return self._entries[name]["dtype"]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._entries[name]["shape"])
+
+    def read(self, name: str) -> torch.Tensor:
+        """The tensor `name`, in memory of its own (host, as stored)."""
+        entry = self._entries[name]
+        begin, end = entry["data_offsets"]
+        buffer = torch.empty(end - begin, dtype=torch.uint8)
+        view, done = memoryview(buffer.numpy()), 0
+        while done < len(view):
+            got = os.preadv(self._fd, [view[done:]], self._base + begin + done)
+            if got == 0:
+                raise SafetensorsError(f"{self.path}: truncated in tensor {name}")
+            done += got
+        return buffer.view(DTYPES[entry["dtype"]]).view(entry["shape"])
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

@@ -1,0 +1,72 @@
+"""The loader's safetensors reader: the same tensors as safetensors' own, read into memory
+of their own without mapping the file, and a clear error for a damaged file."""
+from __future__ import annotations
+
+import struct
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from runtime.safetensors_file import SafetensorsError, SafetensorsFile
+from runtime.weights import CheckpointError, load_params
+from tests.model.support import FIXTURE, REF
+
+
+@pytest.fixture
+def path(tmp_path):
+    tensors = {"a": torch.randn(3, 5), "b": torch.arange(7, dtype=torch.int32),
+               "c": torch.randn(4, 64).to(torch.float8_e4m3fn),
+               "d": torch.randn(2, 2).to(torch.bfloat16), "e": torch.zeros(0, 3),
+               "f": torch.tensor(2.5)}
+    out = tmp_path / "t.safetensors"
+    save_file(tensors, str(out), metadata={"format": "pt"})
+    return out
+
+
+def test_reads_what_safetensors_reads_dtype_shape_and_bytes(path):
+    want = load_file(str(path))
+    f = SafetensorsFile(path)
+    assert sorted(f.keys()) == sorted(want)
+    for name, tensor in want.items():
+        got = f.read(name)
+        assert got.dtype == tensor.dtype and got.shape == tensor.shape
+        assert torch.equal(got.reshape(-1).view(torch.uint8), tensor.reshape(-1).view(torch.uint8))
+        assert f.shape(name) == tuple(tensor.shape)
+    f.close()
+
+
+def test_nothing_of_the_file_is_mapped(path):
+    f = SafetensorsFile(path)
+    held = [f.read(name) for name in f.keys()]
+    with open("/proc/self/maps") as maps:
+        assert str(path) not in maps.read()
+    f.close()
+    assert held[0].untyped_storage().nbytes() > 0      # the tensors outlive the file
+
+
+@pytest.mark.parametrize("damage", ["truncate", "header", "offsets", "dtype"])
+def test_a_damaged_file_is_a_checkpoint_error_naming_it(tmp_path, damage):
+    tensors = load_file(str(FIXTURE / "model.safetensors"))
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    (out / "config.json").write_text((FIXTURE / "config.json").read_text())
+    path = out / "model.safetensors"
+    save_file(tensors, str(path))
+    raw = bytearray(path.read_bytes())
+    (length,) = struct.unpack("<Q", raw[:8])
+    header = raw[8: 8 + length].decode()
+    if damage == "truncate":
+        raw = raw[: len(raw) - 1000]
+    elif damage == "header":
+        raw[8:12] = b"#!?!"
+    elif damage == "offsets":
+        raw[8: 8 + length] = header.replace('"data_offsets":[0,', '"data_offsets":[4,', 1) \
+            .encode()
+    else:
+        raw[8: 8 + length] = header.replace('"F32"', '"Q7"', 1).encode()
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        load_params(out, REF)
+    with pytest.raises(SafetensorsError):
+        SafetensorsFile(path)
