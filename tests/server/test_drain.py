@@ -69,7 +69,7 @@ def test_sigterm_drains_in_flight_requests():
         assert proc.wait(timeout=60) == 0
         log = proc.stderr.read()
         for line in ("spec reference (specs/reference.yaml), checkpoint ", "backend torch on cpu",
-                     "weights: ", "KV cache size: ", "Maximum concurrency for 16384 tokens "
+                     "weights loaded: ", "plan: cache capacity", "KV cache size: ", "Maximum concurrency for 16384 tokens "
                      "per request: ", "ready: the engine core", "draining 1 request(s) in flight"):
             assert line in log, log
     finally:
