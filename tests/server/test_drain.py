@@ -69,8 +69,9 @@ def test_sigterm_drains_in_flight_requests():
         assert proc.wait(timeout=60) == 0
         log = proc.stderr.read()
         for line in ("spec reference (specs/reference.yaml), checkpoint ", "backend torch on cpu",
-                     "weights loaded: ", "plan: cache capacity", "KV cache size: ", "Maximum concurrency for 16384 tokens "
-                     "per request: ", "ready: the engine core", "draining 1 request(s) in flight"):
+                     "weights loaded: ", "plan: cache capacity", "KV cache size: ",
+                     "Maximum concurrency for 16384 tokens per request: ",
+                     "ready: the engine core", "draining 1 request(s) in flight"):
             assert line in log, log
     finally:
         if proc.poll() is None:
