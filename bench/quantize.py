@@ -58,32 +58,36 @@ def fp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return packed.view(torch.int8), scale.to(torch.float8_e8m0fnu)
 
 
-def quantize(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
-    """One tensor of an unquantized checkpoint as the release would store it."""
+def quantize(name: str, tensor: torch.Tensor,
+             floats: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """One tensor of an unquantized checkpoint as the release would store it; the
+    tensors left unquantized in `floats` if given (else as they are)."""
     scale = name.removesuffix(".weight") + ".scale"
     if is_routed_expert(name):
         data, s = fp4(tensor)
     elif is_fp8_projection(name, tuple(tensor.shape)):
         data, s = fp8(tensor)
     else:
-        return {name: tensor}
+        keep = floats is not None and tensor.is_floating_point()
+        return {name: tensor.to(floats) if keep else tensor}
     return {name: data, scale: s}
 
 
-def quantized_tensors(directory: Path) -> Iterator[dict[str, torch.Tensor]]:
+def quantized_tensors(directory: Path,
+                      floats: torch.dtype | None = None) -> Iterator[dict[str, torch.Tensor]]:
     """Each tensor of the checkpoint in `directory`, quantized, one at a time."""
     for path in sorted(directory.glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():
-                yield quantize(name, f.get_tensor(name))
+                yield quantize(name, f.get_tensor(name), floats)
 
 
-def quantize_checkpoint(src: Path, out: Path) -> Path:
+def quantize_checkpoint(src: Path, out: Path, floats: torch.dtype | None = None) -> Path:
     """Write src (an unquantized checkpoint directory) quantized into out, with src's
-    config and tokenizer files."""
+    config and tokenizer files; unquantized tensors in `floats` if given."""
     out.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
-    for part in quantized_tensors(src):
+    for part in quantized_tensors(src, floats):
         tensors.update(part)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
     for extra in src.iterdir():
