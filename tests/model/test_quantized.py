@@ -20,7 +20,7 @@ from runtime.backends.compiled.graphs import Graphs
 from runtime.backends.compiled.model import CompiledModel
 from runtime.model import quant
 from runtime.sampling_params import SamplingParams
-from runtime.weights import load_params, resident_bytes
+from runtime.weights import bytes_per_rank, load_params, resident_bytes
 from tests.model.support import FIXTURE, REF, Driver
 from tests.runtime.engine_support import make_engine, random_prompt
 
@@ -139,3 +139,27 @@ def test_e2m1_codes_are_the_eight_magnitudes_and_their_negatives():
     values = quant.e2m1_values(torch.arange(16)).tolist()
     assert values[:8] == [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
     assert values[8:] == [-v for v in values[:8]]
+
+
+@pytest.mark.slow
+def test_rank_processes_hold_their_own_packed_experts_and_give_the_same_tokens(checkpoint,
+                                                                              released):
+    """--distributed-executor-backend mp: each rank reads its own FP4 experts (the
+    all-to-all MoE dequantizes them there) and the outputs are the single process's."""
+    from runtime.engine import Engine, EngineConfig
+
+    outputs, info = {}, None
+    for executor in ("uni", "mp"):
+        engine = Engine.build(EngineConfig(
+            spec="reference", model=checkpoint, backend="compiled", enforce_eager=True,
+            distributed_executor_backend=executor, worker_threads=1))
+        try:
+            outputs[executor] = [o.output_ids for o in engine.generate(PROMPTS, SAMPLING)]
+            info = engine.summary()
+        finally:
+            engine.close()
+    assert outputs["mp"] == outputs["uni"]
+    own = load_params(checkpoint, REF, held=range(3, 4))
+    assert all(e.quantized and e.count == REF.contract.EXPERTS_PER_RANK
+               for e in own.experts.values())
+    assert {r["param_bytes"] for r in info["processes"]} == {bytes_per_rank(own)}
