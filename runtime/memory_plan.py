@@ -141,7 +141,7 @@ class MemoryPlan:
     def of(cls, spec: ModuleType, device_memory: int, utilization: float, limits: Any,
            ranks: int | None = None) -> MemoryPlan:
         experts = spec.architecture.CONFIG["n_routed_experts"]
-        ranks = ranks or spec.contract.RANKS
+        ranks = spec.contract.RANKS if ranks is None else ranks
         if ranks < 1 or experts % ranks:
             raise ValueError(f"{ranks} ranks: the {experts} routed experts must split evenly")
         if not 0 < utilization <= 1:

@@ -28,11 +28,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "memory is missing. Exit status 1 when it does not fit.")
     add_limit_args(parser)
     add_memory_args(parser, required=True)
-    parser.add_argument("--ranks", type=int, default=None,
+    parser.add_argument("--ranks", type=_positive, default=None,
                         help="ranks of the replica, one device each; the routed experts "
                              "split over them (default: the spec's)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.set_defaults(func=run)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a positive number of ranks")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
