@@ -53,13 +53,29 @@ class SafetensorsFile:
             entries = json.loads(os.pread(self._fd, length, 8))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise SafetensorsError(f"{self.path}: unreadable header: {exc}") from None
+        if not isinstance(entries, dict):
+            raise SafetensorsError(f"{self.path}: the header is not a JSON object")
         entries.pop("__metadata__", None)
         base = 8 + length
         for name, entry in entries.items():
             self._check(name, entry, size - base)
+        spans = sorted(tuple(e["data_offsets"]) for e in entries.values())
+        for (_, end), (begin, _) in zip(spans, spans[1:]):
+            if begin < end:
+                raise SafetensorsError(f"{self.path}: two tensors share bytes {begin}..{end}")
         return entries, base
 
-    def _check(self, name: str, entry: dict, data_bytes: int) -> None:
+    def _check(self, name: str, entry: object, data_bytes: int) -> None:
+        """One header entry: a known dtype, a shape of sizes, offsets inside the data
+        that hold exactly that shape."""
+        def sizes(value: object, count: int | None = None) -> bool:
+            return isinstance(value, list) and (count is None or len(value) == count) and \
+                all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+
+        if not isinstance(entry, dict) or not sizes(entry.get("shape")) \
+                or not sizes(entry.get("data_offsets"), 2):
+            raise SafetensorsError(f"{self.path}: tensor {name} has no valid shape and "
+                                   "data_offsets")
         if entry.get("dtype") not in DTYPES:
             raise SafetensorsError(f"{self.path}: tensor {name} has dtype "
                                    f"{entry.get('dtype')!r}; readable: {sorted(DTYPES)}")
@@ -67,7 +83,7 @@ class SafetensorsFile:
         numel = 1
         for d in entry["shape"]:
             numel *= d
-        if not 0 <= begin <= end <= data_bytes or \
+        if not begin <= end <= data_bytes or \
                 end - begin != numel * DTYPES[entry["dtype"]].itemsize:
             raise SafetensorsError(f"{self.path}: tensor {name} has offsets {begin}..{end} "
                                    f"that do not hold its shape {entry['shape']}")

@@ -40,6 +40,9 @@ from runtime.model.params import Experts, ModelParams
 from runtime.model.rope import Rope
 from runtime.safetensors_file import SafetensorsError, SafetensorsFile
 
+E8M0 = ("U8", "F8_E8M0")                         # power-of-two scales, one byte each
+SCALE_DTYPES = (*E8M0, "F32", "BF16", "F16")
+
 
 class CheckpointError(ValueError):
     """The checkpoint does not fit the spec: names the file, tensor or key."""
@@ -140,8 +143,13 @@ def _experts(reader: _Reader, args: ModelArgs, layer: int, dtype: torch.dtype,
     names = [(f"{prefix}{e}.w1.weight", f"{prefix}{e}.w3.weight", f"{prefix}{e}.w2.weight")
              for e in which]
     # packed only if every expert of the layer is: a stack holds one format
-    packed = as_released and all(reader.is_fp4(n) for trio in names for n in trio)
-    read = reader.raw if packed else (lambda n: (reader.load(n, dtype), None))  # noqa: E731
+    flat = [n for trio in names for n in trio]
+    packed = as_released and all(reader.is_fp4(n) for n in flat)
+    float_scales = packed and not reader.e8m0_scales(flat)     # a stack: one scale dtype
+
+    def read(name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return reader.raw(name, float_scales) if packed else (reader.load(name, dtype), None)
+
     stacks: list[torch.Tensor | None] = [None] * 4      # w13, w2, w13 scale, w2 scale
     for i, (w1_name, w3_name, w2_name) in enumerate(names):
         w1, w1s = read(w1_name)
@@ -170,6 +178,10 @@ def _check_names(reader: _Reader, shapes: dict[str, tuple[int, ...]], directory:
         got = reader.logical_shape(name)
         if got != shape:
             raise CheckpointError(f"{directory}: tensor {name} has shape {got}, expected {shape}")
+    for scale in reader.scale_names():
+        problem = reader.scale_problem(scale, shapes)
+        if problem:
+            raise CheckpointError(f"{directory}: {problem}")
 
 
 class _Reader:
@@ -214,7 +226,31 @@ class _Reader:
         return self._scaled(name) and self._dtype(name) in ("I8", "U8")
 
     def is_fp8(self, name: str) -> bool:
-        return self._scaled(name) and self._dtype(name).startswith("F8")
+        return self._scaled(name) and self._dtype(name) == "F8_E4M3"
+
+    def scale_names(self) -> list[str]:
+        return [n for n in self._where if n.endswith(".scale")]
+
+    def scale_problem(self, scale: str, shapes: dict[str, tuple[int, ...]]) -> str | None:
+        """What is wrong with a `.scale` tensor: no weight of its name, a weight that is
+        neither FP8 e4m3 nor packed FP4, or a shape other than its weight's blocks."""
+        name = scale.removesuffix(".scale") + ".weight"
+        if name not in shapes:
+            return f"unexpected tensor {scale} for this spec"
+        if not (self.is_fp8(name) or self.is_fp4(name)):
+            return (f"tensor {name} has a scale but is stored as {self._dtype(name)}; "
+                    "scaled weights are F8_E4M3 or FP4 pairs in I8/U8")
+        if self._dtype(scale) not in SCALE_DTYPES:
+            return f"scale {scale} is stored as {self._dtype(scale)}; one of {SCALE_DTYPES}"
+        out, inp = shapes[name]
+        want = (-(-out // quant.FP8_BLOCK), -(-inp // quant.FP8_BLOCK)) if self.is_fp8(name) \
+            else (out, inp // quant.FP4_GROUP)
+        got = self._where[scale].shape(scale)
+        return None if got == want else f"scale {scale} has shape {got}, expected {want}"
+
+    def e8m0_scales(self, names: list[str]) -> bool:
+        """Whether the scales of these weights are all e8m0 (else read them as float)."""
+        return all(self._dtype(quant.scale_name(n)) in E8M0 for n in names)
 
     def _scaled(self, name: str) -> bool:
         return name.removesuffix(".weight") + ".scale" in self._where
@@ -222,21 +258,22 @@ class _Reader:
     def _dtype(self, name: str) -> str:
         return self._where[name].dtype(name)
 
-    def raw(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def raw(self, name: str, float_scale: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """A quantized tensor as stored (FP8 e4m3, or FP4 pairs as uint8) and its scale
-        (e8m0 as uint8 exponents, or float32)."""
+        (e8m0 as uint8 exponents, or float32: always with `float_scale`)."""
         data = self._where[name].read(name)
         scale_name = quant.scale_name(name)
         scale = self._where[scale_name].read(scale_name)
         data = data.view(torch.uint8) if data.dtype == torch.int8 else data
         if scale.dtype == torch.float8_e8m0fnu:
             scale = scale.view(torch.uint8)
-        elif scale.dtype != torch.uint8:
-            scale = scale.float()
+        if float_scale or scale.dtype != torch.uint8:
+            scale = quant.scale_values(scale)
         return data, scale
 
     def load(self, name: str, dtype: torch.dtype) -> torch.Tensor:
-        """A tensor as stored, or dequantized to `dtype` if it has a scale."""
+        """A tensor as stored, or dequantized to `dtype` if it has a scale (checked by
+        scale_problem to be FP8 or FP4)."""
         if not self._scaled(name):
             return self._where[name].read(name)
         return quant.dequantize(*self.raw(name), dtype)

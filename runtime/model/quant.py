@@ -46,11 +46,13 @@ def scale_values(scale: torch.Tensor) -> torch.Tensor:
 def dequantize(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A quantized tensor (FP8 or packed FP4, any leading dims) in `dtype`.
 
-    An e8m0 scale is a power of two and every e4m3 / e2m1 value fits `dtype`'s mantissa,
-    so the product is computed in `dtype` itself: exact, hence equal to the float32
-    product rounded to `dtype`, without float32 temporaries. A float scale multiplies in
-    float32 and the product is rounded once."""
-    work = dtype if scale.dtype == torch.uint8 else torch.float32
+    An e8m0 scale is a power of two and every e4m3 / e2m1 value fits the mantissa of
+    bfloat16 and float32, whose exponent range is float32's: there the product is
+    computed in `dtype` itself, exact, hence equal to the float32 product rounded to
+    `dtype`, without float32 temporaries. A float scale, or float16 (whose range a scale
+    can leave), multiplies in float32 and the product is rounded once."""
+    exact = scale.dtype == torch.uint8 and dtype in (torch.bfloat16, torch.float32)
+    work = dtype if exact else torch.float32
     scale = scale_values(scale).to(work)
     values = _fp8(data, scale, work) if data.dtype == FP8 else _fp4(data, scale, work)
     return values.to(dtype)

@@ -131,3 +131,50 @@ def test_directory_without_safetensors(tmp_path):
     shutil.copy(FIXTURE / "config.json", tmp_path / "config.json")
     with pytest.raises(CheckpointError, match="no \\*.safetensors files"):
         load_params(tmp_path, REF)
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("scale on a float weight", "layers.0.attn.wq_a.weight has a scale but is stored as "),
+    ("orphan scale", "unexpected tensor layers.0.attn.wq_z.scale"),
+    ("fp4 scale shape", r"scale layers.2.ffn.experts.5.w1.scale has shape \(64, 1\), "
+                        r"expected \(64, 4\)"),
+    ("e5m2 weight", "layers.1.attn.wq_b.weight has a scale but is stored as F8_E5M2"),
+])
+def test_a_scale_that_does_not_fit_its_weight_is_named(tmp_path, tensors, damage, message):
+    if damage == "scale on a float weight":
+        tensors["layers.0.attn.wq_a.scale"] = torch.ones(1, 1)
+    elif damage == "orphan scale":
+        tensors["layers.0.attn.wq_z.scale"] = torch.ones(1, 1)
+    elif damage == "fp4 scale shape":
+        name = "layers.2.ffn.experts.5.w1"
+        tensors[f"{name}.weight"], _ = _fp4(torch.randint(0, 16, (64, 128)),
+                                            torch.ones(64, 4))
+        tensors[f"{name}.scale"] = torch.ones(64, 1).to(torch.float8_e8m0fnu)
+    else:
+        name = "layers.1.attn.wq_b"
+        tensors[f"{name}.weight"] = tensors[f"{name}.weight"].to(torch.float8_e5m2)
+        tensors[f"{name}.scale"] = torch.ones(4, 1).to(torch.float8_e8m0fnu)
+    with pytest.raises(CheckpointError, match=message):
+        load_params(_write(tmp_path, tensors), REF)
+
+
+def test_float_and_e8m0_scales_mix_in_one_stacked_matmul(tmp_path, tensors):
+    """One projection of `fused.x` with a float32 scale, the others e8m0: the stack
+    keeps every part's values."""
+    from bench.quantize import quantize
+    from runtime.backends.compiled import forward
+    from runtime.model import quant
+
+    quantized = {}
+    for name, tensor in tensors.items():
+        quantized.update(quantize(name, tensor, torch.float32))
+    scale = "layers.0.attn.wq_a.scale"
+    quantized[scale] = quantized[scale].float() * 1.0         # float32 powers of two
+    path = _write(tmp_path, quantized)
+    held, plain = (load_params(path, REF, weight_format=f) for f in ("as_released", "float32"))
+    assert held[scale].dtype == torch.float32 and held["layers.0.attn.wkv.scale"].dtype \
+        == torch.uint8
+    forward.layers(held, dict(REF.pools.GROUPS))
+    forward.layers(plain, dict(REF.pools.GROUPS))
+    assert torch.equal(quant.weight(held.dense, "layers.0.fused.x", torch.float32),
+                       plain["layers.0.fused.x"])

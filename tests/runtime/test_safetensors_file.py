@@ -2,6 +2,7 @@
 of their own without mapping the file, and a clear error for a damaged file."""
 from __future__ import annotations
 
+import json
 import struct
 
 import pytest
@@ -45,7 +46,8 @@ def test_nothing_of_the_file_is_mapped(path):
     assert held[0].untyped_storage().nbytes() > 0      # the tensors outlive the file
 
 
-@pytest.mark.parametrize("damage", ["truncate", "header", "offsets", "dtype"])
+@pytest.mark.parametrize("damage", ["truncate", "header", "offsets", "dtype", "list",
+                                    "no offsets", "negative", "overlap"])
 def test_a_damaged_file_is_a_checkpoint_error_naming_it(tmp_path, damage):
     tensors = load_file(str(FIXTURE / "model.safetensors"))
     out = tmp_path / "ckpt"
@@ -63,8 +65,23 @@ def test_a_damaged_file_is_a_checkpoint_error_naming_it(tmp_path, damage):
     elif damage == "offsets":
         raw[8: 8 + length] = header.replace('"data_offsets":[0,', '"data_offsets":[4,', 1) \
             .encode()
-    else:
+    elif damage == "dtype":
         raw[8: 8 + length] = header.replace('"F32"', '"Q7"', 1).encode()
+    else:
+        entries = json.loads(header)
+        first, second = sorted((k for k in entries if k != "__metadata__"),
+                               key=lambda k: entries[k]["data_offsets"][0])[:2]
+        if damage == "list":
+            entries = [entries]
+        elif damage == "no offsets":
+            del entries[first]["data_offsets"]
+        elif damage == "negative":
+            entries[first]["shape"][0] = -1
+        else:                                   # the second tensor moved onto the first
+            size = entries[second]["data_offsets"][1] - entries[second]["data_offsets"][0]
+            entries[second]["data_offsets"] = [0, size]
+        text = json.dumps(entries).encode()
+        raw = bytearray(struct.pack("<Q", len(text))) + text + raw[8 + length:]
     path.write_bytes(bytes(raw))
     with pytest.raises(CheckpointError, match="model.safetensors"):
         load_params(out, REF)

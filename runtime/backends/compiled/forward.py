@@ -118,6 +118,8 @@ def _stack_scales(dense: dict[str, torch.Tensor], prefix: str,
     else one scale row per output row."""
     rows = [dense[prefix + n].shape[0] for n in names]
     scales = [dense[quant.scale_name(prefix + n)] for n in names]
+    if len({s.dtype for s in scales}) > 1:        # e8m0 beside float scales: all float
+        scales = [quant.scale_values(s) for s in scales]
     if all(r % quant.FP8_BLOCK == 0 for r in rows[:-1]):
         return torch.cat(scales)
     return torch.cat([quant.row_scales(s, r) for s, r in zip(scales, rows)])
