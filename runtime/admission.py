@@ -64,6 +64,18 @@ class Admission:
                               "cache more memory or lower --max-model-len")
         return cls(spec, k, limits, cap, config.max_logprobs, layout, memory)
 
+    def check_weights(self, held: int) -> None:
+        """ConfigError if a rank's loaded weights outweigh what the memory plan set aside
+        for them (1% slack: stacked scales): the spec's `weights` section does not say
+        how the checkpoint stores them, and the pools would overrun the device."""
+        planned = self.memory.weights.total if self.memory else None
+        if planned is not None and held > planned * 1.01:
+            raise ConfigError(
+                f"the checkpoint holds {held / 2**30:.2f} GiB per rank, but spec "
+                f"{self.spec.SPEC_PATH} plans {planned / 2**30:.2f} GiB of weights (its "
+                "weights section: dense / experts as the checkpoint stores them, format); "
+                "the pools sized around it would not fit the device")
+
     def concurrency(self, length: int | None = None) -> int:
         """Requests of `length` tokens (default max_model_len) the replica runs at once:
         on each rank the fewer of those its pools hold and of its running limit."""

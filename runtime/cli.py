@@ -36,9 +36,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                              "unless that rank runs more than this many requests beyond the "
                              "least-loaded one (default: 4)")
     add_memory_args(parser)
-    parser.add_argument("--kv-cache-memory", type=int, default=None,
-                        help="pool bytes per rank, overriding the memory plan (default: "
-                             "the plan's, else enough for the limits)")
+    parser.add_argument("--kv-cache-memory", type=parse_bytes, default=None,
+                        help="pool bytes per rank (a number, or with a unit: 20GiB), "
+                             "overriding the memory plan (default: the plan's, else enough "
+                             "for the limits)")
     parser.add_argument("--device", default=None, help="cpu | cuda | npu (default: the spec's)")
     parser.add_argument("--max-logprobs", type=int, default=20,
                         help="most top log-probs a request may ask for (default: 20)")
@@ -79,7 +80,8 @@ def add_memory_args(parser: argparse.ArgumentParser, required: bool = False) -> 
                                 "--distributed-executor-backend mp on cuda; otherwise none: "
                                 "pools sized by the limits)"))
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                        help="share of --device-memory v4serve may use (default: 0.9)")
+                        help="share of the device memory v4serve may use, where one is "
+                             "known (--device-memory, or mp on cuda) (default: 0.9)")
 
 
 def parse_bytes(text: str) -> int:
@@ -119,14 +121,15 @@ def add_distributed_args(parser: argparse.ArgumentParser) -> None:
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The engine configuration of these flags; StaleSpecError if --spec cannot be served
     (a missing file, or generated/ older than the spec)."""
-    from runtime.engine import EngineConfig
+    from runtime.engine_config import EngineConfig
 
     spec = load_current(args.spec).SPEC_NAME       # --spec tiny or --spec specs/tiny.yaml
     return EngineConfig(
         **limit_fields(args), model=args.model or default_model(spec),
         prefix_affinity_threshold=args.prefix_affinity_threshold,
         kv_cache_memory=args.kv_cache_memory, device=args.device,
-        device_memory=args.device_memory or _own_device_memory(args, spec),
+        device_memory=args.device_memory if args.device_memory is not None
+        else _own_device_memory(args, spec),
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_logprobs=args.max_logprobs, enforce_eager=args.enforce_eager,
         defer_compile=getattr(args, "defer_compile", False),

@@ -24,6 +24,7 @@ import generated
 from runtime import plan_report
 from runtime.admission import Admission, ConfigError  # noqa: F401  (ConfigError: re-exported)
 from runtime.detokenizer import Detokenizer
+from runtime.engine_config import EngineConfig  # noqa: F401  (re-exported)
 from runtime.model_runner import ModelRunner, StepResult, TokenLogprobs
 from runtime.request import Request
 from runtime.sampling_params import SamplingParams
@@ -33,41 +34,6 @@ from runtime.weights import bytes_per_rank, load_params, resident_bytes
 from runtime.workers import Workers
 
 log = logging.getLogger("v4serve.engine")
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    spec: str = "tiny"
-    model: str | Path = "models/tiny"
-    num_speculative_tokens: int | None = None     # None: the spec's default
-    max_num_batched_tokens: int | None = None     # None: the spec's limit (per rank per step)
-    long_prefill_token_threshold: int | None = None
-    max_model_len: int | None = None
-    max_num_seqs: int | None = None
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
-    prefix_affinity_threshold: int = 4    # running requests a cached prefix may outweigh
-    kv_cache_memory: int | None = None            # pool bytes per rank; overrides the plan
-    # bytes of one rank's device: the pools take what the weights and a workspace leave of
-    # device_memory x gpu_memory_utilization (runtime/memory_plan.py); None: pools sized
-    # by kv_cache_memory, else enough for the limits
-    device_memory: int | None = None
-    gpu_memory_utilization: float = 0.9
-    device: str | None = None                     # None: the spec's device
-    backend: str | None = None
-    max_logprobs: int = 20                        # most top log-probs a request may ask for
-    enforce_eager: bool = False                   # never compile (vLLM's --enforce-eager)
-    defer_compile: bool = False                   # uncompiled graphs run eagerly meanwhile
-    detokenize: bool = True     # text and stop strings here (off: the API server does them)
-    # ranks as processes (vLLM's --distributed-executor-backend): "uni" runs every rank in
-    # this process; "mp" one worker process per rank in a torch.distributed group
-    distributed_executor_backend: str = "uni"
-    nnodes: int = 1
-    node_rank: int = 0
-    master_addr: str = "127.0.0.1"
-    master_port: int = 0                          # 0: a free port (one node only)
-    distributed_timeout: float = 300.0            # seconds a collective may wait
-    worker_threads: int | None = None             # torch threads per rank worker on cpu
 
 
 @dataclass
@@ -109,7 +75,17 @@ class Engine:
         self.backend = _backend(config, spec)
         if config.distributed_executor_backend == "mp":
             self.runner = Workers(config, spec.contract)
+            try:
+                self.admission.check_weights(max(r["param_bytes"] for r in self.runner.ranks))
+            except ConfigError:
+                self.runner.close()
+                raise
         else:
+            self.admission.check_weights(bytes_per_rank(params))
+            if self.admission.memory and spec.contract.RANKS > 1 and device.type != "cpu":
+                log.warning("--device-memory is one rank's; with the uni executor all %d "
+                            "ranks share %s, which needs about %d times the plan",
+                            spec.contract.RANKS, device, spec.contract.RANKS)
             self.runner = ModelRunner(spec, params, self.capacity.blocks, self.k,
                                       self.backend, device)
             if config.defer_compile and hasattr(self.runner.decode.backend, "defer"):

@@ -37,10 +37,15 @@ def parse_bytes(text: str | int) -> int:
     s = text.strip().lower().replace(" ", "")
     digits = s.rstrip("abcdefghijklmnopqrstuvwxyz")
     unit = s[len(digits):]
-    if unit not in UNITS or not digits:
+    try:
+        value = float(digits) * UNITS[unit]
+        size = int(value)
+    except (KeyError, ValueError, OverflowError):
         raise ValueError(f"{text!r}: a size is a number and a unit (B, KB, MB, GB, TB, "
-                         "KiB, MiB, GiB, TiB), e.g. 141GiB")
-    return int(float(digits) * UNITS[unit])
+                         "KiB, MiB, GiB, TiB), e.g. 141GiB") from None
+    if size <= 0:
+        raise ValueError(f"{text!r}: a size must be positive")
+    return size
 
 
 @dataclass(frozen=True)

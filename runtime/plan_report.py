@@ -1,7 +1,8 @@
 """`v4serve plan`: does a spec fit a device, and how many tokens of cache does each rank
 hold? From the spec alone (no weights, no device): the engine's own admission plan
 (runtime/admission.py) on a device of --device-memory bytes per rank, so the figures
-are the ones a real run logs at start and reports on /server_info. Torch-free.
+are the ones a real run logs at start and reports on /server_info. (This module
+imports no torch; the generated package it reads does.)
 
     v4serve plan --spec deepseek-v4-flash --device-memory 141GiB --max-model-len 1048576
 """
@@ -47,7 +48,7 @@ def _positive(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from runtime.cli import limit_fields
-    from runtime.engine import EngineConfig
+    from runtime.engine_config import EngineConfig
     from runtime.spec_check import load_current
 
     spec = load_current(args.spec)
@@ -72,6 +73,7 @@ def report(admission: Admission) -> dict[str, Any]:
     per_rank = admission.concurrency() // ranks if ranks else 0
     return {
         "fits": True, "spec": spec.SPEC_NAME, "spec_path": spec.SPEC_PATH, "ranks": ranks,
+        "spec_ranks": spec.contract.RANKS,
         **_weights(spec, ranks, weights),
         **(_device(memory) if memory else {"device_memory": None}),
         "pools": {g: {"blocks": n, "bytes": n * groups[g].block_bytes}
@@ -111,6 +113,7 @@ def _does_not_fit(config: Any, spec: Any, ranks: int | None, reason: str) -> dic
     short = need - memory.pool_budget
     return {"fits": False, "reason": reason, "spec": spec.SPEC_NAME,
             "spec_path": spec.SPEC_PATH, "ranks": memory.ranks,
+            "spec_ranks": spec.contract.RANKS,
             **_weights(spec, memory.ranks, memory.weights), **_device(memory),
             "least_pool_bytes_per_rank": need, "shortfall_per_rank": short,
             "shortfall_per_replica": short * memory.ranks,
@@ -123,6 +126,9 @@ def render(r: dict[str, Any]) -> str:
     lines = [f"spec {r['spec']} ({r['spec_path']}): {r['ranks']} ranks, weights "
              f"{r['weights_format']} (release: dense {r['released']['dense']}, routed "
              f"experts {r['released']['experts']})"]
+    if r["ranks"] != r["spec_ranks"]:
+        lines.append(f"(the spec serves {r['spec_ranks']} ranks: serving {r['ranks']} takes "
+                     f"a spec with topology ranks, dp and ep {r['ranks']})")
     if r["device_memory"] is not None:
         lines.append(f"device memory   {_gib(r['device_memory'])} per rank x "
                      f"{r['gpu_memory_utilization']} = {_gib(r['usable_bytes'])} usable")

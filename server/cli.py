@@ -183,8 +183,9 @@ def log_summary(summary: dict) -> None:
                      proc["param_bytes"] / 2**20, proc["pool_bytes"] / 2**20)
     log.info("KV cache size: %d tokens per rank (%.1f MiB per rank)",
              summary["pool_tokens_per_rank"], summary["pool_bytes_per_rank"] / 2**20)
-    log.info("Maximum concurrency for %d tokens per request: %d requests",
-             summary["max_model_len"], summary["max_concurrency"])
+    log.info("Maximum concurrency for %d tokens per request: %.2fx",      # vLLM's figure
+             summary["max_model_len"],
+             summary["ranks"] * summary["pool_tokens_per_rank"] / summary["max_model_len"])
 
 
 def warm_up(engine) -> subprocess.Popen | None:

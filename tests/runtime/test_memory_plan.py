@@ -26,6 +26,17 @@ FLASH, PRO, TINY = (generated.load(n) for n in ("deepseek_v4_flash", "deepseek_v
 GIB = 2**30
 
 
+def _declaring(spec, dense: str, experts: str) -> types.SimpleNamespace:
+    """A copy of a generated spec package whose weights section says otherwise."""
+    copy = types.SimpleNamespace(**{k: getattr(spec, k) for k in dir(spec)
+                                    if not k.startswith("__")})
+    copy.contract = types.SimpleNamespace(**{k: getattr(spec.contract, k)
+                                             for k in dir(spec.contract)
+                                             if not k.startswith("__")})
+    copy.contract.WEIGHTS_DENSE, copy.contract.WEIGHTS_EXPERTS = dense, experts
+    return copy
+
+
 def _plan(*flags: str) -> tuple[int, dict]:
     """`v4serve plan --json` as a user runs it: (exit status, figures)."""
     done = subprocess.run([sys.executable, "-m", "server.command", "plan", "--json", *flags],
@@ -46,10 +57,7 @@ def test_weight_bytes_from_the_spec_equal_what_the_loader_holds(tmp_path):
     assert weight_bytes(TINY).total == bytes_per_rank(tiny)
     # the reference fixture quantized as the release is, under a spec saying so
     released = load_params(quantize_checkpoint(FIXTURE, tmp_path / "q"), REF)
-    contract = types.SimpleNamespace(**{k: getattr(REF.contract, k) for k in dir(REF.contract)
-                                        if k.isupper()})
-    contract.WEIGHTS_DENSE, contract.WEIGHTS_EXPERTS = "fp8", "fp4"
-    spec = types.SimpleNamespace(contract=contract, architecture=REF.architecture)
+    spec = _declaring(REF, dense="fp8", experts="fp4")
     assert weight_bytes(spec).total == bytes_per_rank(released)
     assert weight_bytes(spec).total < weight_bytes(REF).total / 2
 
@@ -121,3 +129,15 @@ def test_a_server_reports_and_logs_the_plan_of_the_same_flags():
     assert info["param_bytes_per_rank"] == want["weight_bytes_per_rank"]["total"]
     assert f"{want['tokens_per_rank']:,} tokens per rank" in log
     assert "plan: workspace" in log
+
+
+def test_a_checkpoint_heavier_than_the_spec_says_is_refused_before_the_pools():
+    """A spec that declares FP8/FP4 weights over a checkpoint stored unquantized would
+    size its pools around weights four times lighter than those loaded."""
+    light = _declaring(REF, dense="fp8", experts="fp4")
+    config = EngineConfig(spec="reference", device_memory=2**30, max_model_len=2048)
+    loaded = bytes_per_rank(load_params(FIXTURE, REF))
+    Admission.plan(config, REF).check_weights(loaded)                  # as declared: fine
+    with pytest.raises(ConfigError, match="the checkpoint holds .* GiB per rank, but spec "
+                                          "specs/reference.yaml plans"):
+        Admission.plan(config, light).check_weights(loaded)
