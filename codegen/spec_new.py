@@ -1,15 +1,18 @@
 """`v4serve spec new`: a spec for a checkpoint that has none.
 
-The architecture comes from the checkpoint's config.json; the serving shapes, limits,
-topology and pool settings from a base spec. Pool row widths and layer sets are
-re-derived for the new architecture, so the result validates whenever the base's
-serving choices suit the new model (for example ep must divide its expert count).
+The architecture comes from the checkpoint's config.json, and what the weights beside it
+are stored as (FP8 / FP4 or not, from their safetensors headers) sets `weights`; the
+serving shapes, limits, topology and pool settings come from a base spec. Pool row
+widths and layer sets are re-derived for the new architecture, so the result validates
+whenever the base's serving choices suit the new model (for example ep must divide its
+expert count).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import pydantic
@@ -19,6 +22,8 @@ from codegen.errors import SpecError
 from codegen.pipeline import load_spec
 from codegen.pool_roles import ROLES, layer_kinds, role_kinds
 from codegen.schema import ModelSection, RopeScaling, Spec
+from runtime.checkpoint_layout import is_routed_expert
+from runtime.safetensors_file import SafetensorsFile
 
 FLOW_KEYS = {"compress_ratios", "num_speculative_tokens"}
 
@@ -45,6 +50,27 @@ def spec_from_config(config: dict[str, Any], base: Spec) -> dict[str, Any]:
         group["layers"] = role_kinds(role, kinds)
         group["row_width"] = role.width(model)
     return data
+
+
+def released_weights(directory: Path) -> dict[str, str] | None:
+    """How the checkpoint beside a config.json stores its weights, from the safetensors
+    headers alone: {"dense": fp8 | unquantized, "experts": fp4 | unquantized}; None
+    when there are no weights there."""
+    dtypes: dict[str, str] = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        f = SafetensorsFile(path)
+        try:
+            dtypes.update({name: f.dtype(name) for name in f.keys()})
+        finally:
+            f.close()
+    if not dtypes:
+        return None
+    scaled = {n.removesuffix(".scale") + ".weight" for n in dtypes if n.endswith(".scale")}
+    expert = [n for n in scaled if is_routed_expert(n)]
+    dense = [n for n in scaled if not is_routed_expert(n)]
+    return {"dense": "fp8" if any(dtypes.get(n) == "F8_E4M3" for n in dense) else "unquantized",
+            "experts": "fp4" if any(dtypes.get(n) in ("I8", "U8") for n in expert)
+            else "unquantized"}
 
 
 def render_spec(data: dict[str, Any], source: str, base: str) -> str:
@@ -84,9 +110,12 @@ def run_new(args: argparse.Namespace) -> int:
         base = load_spec(args.base)
         config = json.loads(args.from_config.read_text())
         data = spec_from_config(config, base)
+        released = released_weights(args.from_config.parent)
     except (SpecError, OSError, ValueError) as exc:
         print(f"spec new: {exc}", file=sys.stderr)
         return 1
+    if released:                      # the weights section says what the checkpoint holds
+        data["weights"] = {**data["weights"], **released}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(render_spec(data, args.from_config.as_posix(), args.base.as_posix()))
     try:

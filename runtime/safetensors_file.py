@@ -7,7 +7,8 @@ fresh buffer: the host holds the tensor being loaded and nothing else of the fil
 
 Format: 8 bytes (little-endian u64) header length N, N bytes of JSON
 {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__"?: {...}},
-then the data, offsets relative to its start, little-endian.
+then the data, offsets relative to its start, little-endian. The header is read without
+torch (`v4serve spec new` reads it); torch comes in where a tensor is made.
 """
 from __future__ import annotations
 
@@ -15,16 +16,25 @@ import json
 import os
 import struct
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U8": torch.uint8, "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2, "F8_E8M0": torch.float8_e8m0fnu,
-}
+# dtype -> bytes per element; the header is read without torch (`v4serve spec new`)
+ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
+            "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
 MAX_HEADER = 100 * 2**20
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    return {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+            "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
+            "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+            "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+            "F8_E8M0": torch.float8_e8m0fnu}[name]
 
 
 class SafetensorsError(ValueError):
@@ -76,15 +86,15 @@ class SafetensorsFile:
                 or not sizes(entry.get("data_offsets"), 2):
             raise SafetensorsError(f"{self.path}: tensor {name} has no valid shape and "
                                    "data_offsets")
-        if entry.get("dtype") not in DTYPES:
+        if entry.get("dtype") not in ITEMSIZE:
             raise SafetensorsError(f"{self.path}: tensor {name} has dtype "
-                                   f"{entry.get('dtype')!r}; readable: {sorted(DTYPES)}")
+                                   f"{entry.get('dtype')!r}; readable: {sorted(ITEMSIZE)}")
         begin, end = entry["data_offsets"]
         numel = 1
         for d in entry["shape"]:
             numel *= d
         if not begin <= end <= data_bytes or \
-                end - begin != numel * DTYPES[entry["dtype"]].itemsize:
+                end - begin != numel * ITEMSIZE[entry["dtype"]]:
             raise SafetensorsError(f"{self.path}: tensor {name} has offsets {begin}..{end} "
                                    f"that do not hold its shape {entry['shape']}")
 
@@ -100,6 +110,8 @@ class SafetensorsFile:
 
     def read(self, name: str) -> torch.Tensor:
         """The tensor `name`, in memory of its own (host, as stored)."""
+        import torch
+
         entry = self._entries[name]
         begin, end = entry["data_offsets"]
         buffer = torch.empty(end - begin, dtype=torch.uint8)
@@ -109,7 +121,7 @@ class SafetensorsFile:
             if got == 0:
                 raise SafetensorsError(f"{self.path}: truncated in tensor {name}")
             done += got
-        return buffer.view(DTYPES[entry["dtype"]]).view(entry["shape"])
+        return buffer.view(torch_dtype(entry["dtype"])).view(entry["shape"])
 
     def close(self) -> None:
         if self._fd >= 0:

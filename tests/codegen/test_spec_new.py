@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from codegen.abi import kernel_plans
 from codegen.pipeline import generate, load_spec, plan_spec
@@ -117,3 +118,16 @@ def test_missing_config_key_and_unfit_base_are_reported(tmp_path):
     assert result.returncode == 1
     assert "needs an edit before codegen" in result.stderr
     assert "topology.ep: 8 does not divide n_routed_experts 12" in result.stderr
+
+
+def test_the_weights_section_says_what_the_checkpoint_stores(tmp_path):
+    """FP8 / FP4 from the safetensors headers beside config.json, whatever the base says."""
+    from bench.quantize import quantize_checkpoint
+
+    quantized = quantize_checkpoint(FIXTURE, tmp_path / "q")
+    for ckpt, base, want in ((quantized, "tiny", ("fp8", "fp4")),
+                             (FIXTURE, "deepseek-v4-flash", ("unquantized", "unquantized"))):
+        out = tmp_path / "specs" / f"{base}.yaml"
+        _spec_new(ckpt / "config.json", REPO / "specs" / f"{base}.yaml", out)
+        weights = yaml.safe_load(out.read_text())["weights"]    # written even if it needs edits
+        assert (weights["dense"], weights["experts"]) == want, base
