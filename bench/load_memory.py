@@ -62,8 +62,9 @@ def write_checkpoint(config: dict, out: Path) -> None:
     gen = torch.Generator().manual_seed(0)
     files: dict[str, dict[str, torch.Tensor]] = {}
     for name, shape in expected_shapes(args).items():
-        part = name.split(".")[1] if name.startswith(("layers.", "mtp.")) else "top"
-        files.setdefault(f"{name.split('.')[0]}-{part}", {})[name] = shape
+        layered = name.startswith(("layers.", "mtp."))
+        stem = "-".join(name.split(".")[:2]) if layered else "model"
+        files.setdefault(stem, {})[name] = shape
     out.mkdir(parents=True, exist_ok=True)
     for stem, shapes in files.items():
         tensors: dict[str, torch.Tensor] = {}
@@ -86,7 +87,7 @@ def _random(name: str, shape: tuple[int, ...], args: ModelArgs,
     return (torch.randn(shape, generator=gen) * scale).to(torch.bfloat16)
 
 
-def scratch_repo(workdir: Path, config: dict) -> Path:
+def scratch_repo(workdir: Path) -> Path:
     """A copy of the sources with the slice's spec generated, weights as released and
     a dequantize-at-load twin."""
     repo = workdir / "repo"
@@ -95,9 +96,8 @@ def scratch_repo(workdir: Path, config: dict) -> Path:
     for folder in SOURCES:
         shutil.copytree(ROOT / folder, repo / folder,
                         ignore=shutil.ignore_patterns("__pycache__"))
-    (workdir / "config.json").write_text(json.dumps(config))
     spec = repo / "specs" / "flash-slice.yaml"
-    _v4serve(repo, "spec", "new", "--from-config", str(workdir / "config.json"),
+    _v4serve(repo, "spec", "new", "--from-config", str(workdir / "ckpt" / "config.json"),
              "--base", "specs/tiny.yaml", "-o", str(spec), check=False)
     # the tiny base's smallest context bucket holds fewer CSA entries than index_topk 512
     text = re.sub(r"(context_buckets:\s*\[?\s*-?\s*)1024\b", r"\g<1>2048", spec.read_text())
@@ -152,7 +152,7 @@ def main() -> None:
         disk = sum(f.stat().st_size for f in ckpt.glob("*.safetensors"))
         print(f"checkpoint: {disk / GIB:.2f} GiB on disk (V4-Flash widths, 4 layers + MTP, "
               f"8 experts; ready in {time.perf_counter() - start:.0f} s)")
-        repo = scratch_repo(workdir, config)
+        repo = scratch_repo(workdir)
         print("| weights | on device | pools | peak RSS | bound (weights + pools + 1 GiB) "
               "| margin | load + generate |")
         print("|---|---|---|---|---|---|---|")
