@@ -22,7 +22,7 @@ from codegen.errors import SpecError
 from codegen.pipeline import load_spec
 from codegen.pool_roles import ROLES, layer_kinds, role_kinds
 from codegen.schema import ModelSection, RopeScaling, Spec
-from runtime.checkpoint_layout import is_routed_expert
+from runtime.checkpoint_layout import is_fp8_projection, is_routed_expert
 from runtime.safetensors_file import SafetensorsFile
 
 FLOW_KEYS = {"compress_ratios", "num_speculative_tokens"}
@@ -57,19 +57,29 @@ def released_weights(directory: Path) -> dict[str, str] | None:
     headers alone: {"dense": fp8 | unquantized, "experts": fp4 | unquantized}; None
     when there are no weights there."""
     dtypes: dict[str, str] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     for path in sorted(directory.glob("*.safetensors")):
         f = SafetensorsFile(path)
         try:
             dtypes.update({name: f.dtype(name) for name in f.keys()})
+            shapes.update({name: f.shape(name) for name in f.keys()})
         finally:
             f.close()
     if not dtypes:
         return None
-    scaled = {n.removesuffix(".scale") + ".weight" for n in dtypes if n.endswith(".scale")}
-    expert = [n for n in scaled if is_routed_expert(n)]
-    dense = [n for n in scaled if not is_routed_expert(n)]
-    return {"dense": "fp8" if any(dtypes.get(n) == "F8_E4M3" for n in dense) else "unquantized",
-            "experts": "fp4" if any(dtypes.get(n) in ("I8", "U8") for n in expert)
+    def held(name: str, stored: tuple[str, ...]) -> bool:
+        scale = name.removesuffix(".weight") + ".scale"
+        return dtypes[name] in stored and scale in dtypes
+
+    # a format only if every weight of its kind has it: the loader holds a layer's experts
+    # packed only when all are, and dequantizes the rest (planning them unquantized errs
+    # toward more memory)
+    weights = [(n, tuple(shapes[n])) for n in dtypes if n.endswith(".weight")]
+    experts = [n for n, _ in weights if is_routed_expert(n)]
+    dense = [n for n, shape in weights if is_fp8_projection(n, shape)]
+    return {"dense": "fp8" if dense and all(held(n, ("F8_E4M3",)) for n in dense)
+            else "unquantized",
+            "experts": "fp4" if experts and all(held(n, ("I8", "U8")) for n in experts)
             else "unquantized"}
 
 

@@ -65,16 +65,22 @@ class Admission:
         return cls(spec, k, limits, cap, config.max_logprobs, layout, memory)
 
     def check_weights(self, held: int) -> None:
-        """ConfigError if a rank's loaded weights outweigh what the memory plan set aside
-        for them (1% slack: stacked scales): the spec's `weights` section does not say
-        how the checkpoint stores them, and the pools would overrun the device."""
-        planned = self.memory.weights.total if self.memory else None
-        if planned is not None and held > planned * 1.01:
+        """ConfigError if a rank's loaded weights, its pools and the workspace overrun
+        the usable device memory of the plan: the checkpoint is heavier than the spec's
+        `weights` section says (or its scales are float, not e8m0)."""
+        memory = self.memory
+        if memory is None:
+            return
+        over = held + self.capacity.bytes + memory.workspace - memory.usable
+        if over > 0:
+            gib = 2**30
             raise ConfigError(
-                f"the checkpoint holds {held / 2**30:.2f} GiB per rank, but spec "
-                f"{self.spec.SPEC_PATH} plans {planned / 2**30:.2f} GiB of weights (its "
-                "weights section: dense / experts as the checkpoint stores them, format); "
-                "the pools sized around it would not fit the device")
+                f"the checkpoint holds {held / gib:.2f} GiB per rank where spec "
+                f"{self.spec.SPEC_PATH} plans {memory.weights.total / gib:.2f} GiB: with "
+                f"{self.capacity.bytes / gib:.2f} GiB of pools and the workspace it overruns "
+                f"the usable {memory.usable / gib:.2f} GiB by {over / gib:.2f} GiB; make the "
+                "spec's weights section say how the checkpoint stores its weights, or "
+                "lower --kv-cache-memory")
 
     def concurrency(self, length: int | None = None) -> int:
         """Requests of `length` tokens (default max_model_len) the replica runs at once:

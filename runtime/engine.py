@@ -74,12 +74,7 @@ class Engine:
         device = torch.device(config.device or spec.contract.DEVICE)
         self.backend = _backend(config, spec)
         if config.distributed_executor_backend == "mp":
-            self.runner = Workers(config, spec.contract)
-            try:
-                self.admission.check_weights(max(r["param_bytes"] for r in self.runner.ranks))
-            except ConfigError:
-                self.runner.close()
-                raise
+            self.runner = Workers(config, spec.contract)   # each rank checks its weights
         else:
             self.admission.check_weights(bytes_per_rank(params))
             if self.admission.memory and spec.contract.RANKS > 1 and device.type != "cpu":

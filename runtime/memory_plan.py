@@ -12,6 +12,7 @@ device memory (--device-memory, or a cuda/npu device's own), so the two agree.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -33,16 +34,14 @@ UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 def parse_bytes(text: str | int) -> int:
     """"141GiB", "192GB", "80e9", "1073741824" -> bytes."""
     if isinstance(text, int):
-        return text
-    s = text.strip().lower().replace(" ", "")
-    digits = s.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = s[len(digits):]
-    try:
-        value = float(digits) * UNITS[unit]
-        size = int(value)
-    except (KeyError, ValueError, OverflowError):
-        raise ValueError(f"{text!r}: a size is a number and a unit (B, KB, MB, GB, TB, "
-                         "KiB, MiB, GiB, TiB), e.g. 141GiB") from None
+        size = text
+    else:
+        match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([a-zA-Z]*)\s*", text)
+        try:
+            size = int(float(match.group(1)) * UNITS[match.group(2).lower()])
+        except (AttributeError, KeyError, ValueError, OverflowError):
+            raise ValueError(f"{text!r}: a size is a number and a unit (B, KB, MB, GB, "
+                             "TB, KiB, MiB, GiB, TiB), e.g. 141GiB") from None
     if size <= 0:
         raise ValueError(f"{text!r}: a size must be positive")
     return size

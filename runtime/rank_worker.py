@@ -70,6 +70,7 @@ class RankWorker:
         admission = Admission.plan(config, spec)
         self.params = load_params(config.model, spec, device=self.device,
                                   held=range(rank, rank + 1))
+        admission.check_weights(bytes_per_rank(self.params))     # before the pools
         self.runner = ModelRunner(spec, self.params, admission.capacity.blocks, admission.k,
                                   _backend(config, spec), self.device, ranks=1)
         self.runner.max_logprobs = config.max_logprobs

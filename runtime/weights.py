@@ -182,6 +182,9 @@ def _check_names(reader: _Reader, shapes: dict[str, tuple[int, ...]], directory:
         problem = reader.scale_problem(scale, shapes)
         if problem:
             raise CheckpointError(f"{directory}: {problem}")
+    for name in shapes:
+        if reader.unscaled_float8(name):
+            raise CheckpointError(f"{directory}: tensor {name} is float8 without a scale")
 
 
 class _Reader:
@@ -218,9 +221,12 @@ class _Reader:
 
     def logical_shape(self, name: str) -> tuple[int, ...]:
         shape = self._where[name].shape(name)
-        if self.is_fp4(name):
+        if self.is_fp4(name) and len(shape) == 2:
             return (shape[0], shape[1] * 2)
         return shape
+
+    def unscaled_float8(self, name: str) -> bool:
+        return self._dtype(name).startswith("F8") and not self._scaled(name)
 
     def is_fp4(self, name: str) -> bool:
         return self._scaled(name) and self._dtype(name) in ("I8", "U8")
@@ -237,6 +243,8 @@ class _Reader:
         name = scale.removesuffix(".scale") + ".weight"
         if name not in shapes:
             return f"unexpected tensor {scale} for this spec"
+        if len(shapes[name]) != 2:
+            return f"tensor {name} has a scale, but only matrices are quantized"
         if not (self.is_fp8(name) or self.is_fp4(name)):
             return (f"tensor {name} has a scale but is stored as {self._dtype(name)}; "
                     "scaled weights are F8_E4M3 or FP4 pairs in I8/U8")

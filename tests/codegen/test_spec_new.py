@@ -131,3 +131,22 @@ def test_the_weights_section_says_what_the_checkpoint_stores(tmp_path):
         _spec_new(ckpt / "config.json", REPO / "specs" / f"{base}.yaml", out)
         weights = yaml.safe_load(out.read_text())["weights"]    # written even if it needs edits
         assert (weights["dense"], weights["experts"]) == want, base
+
+
+def test_a_format_is_declared_only_if_every_weight_of_its_kind_has_it(tmp_path):
+    """FP8 on the head alone (dequantized at load anyway) or FP4 experts in one layer
+    only (the others load unquantized): the spec plans them unquantized."""
+    from safetensors.torch import load_file, save_file
+
+    from bench.quantize import fp4, fp8
+    from codegen.spec_new import released_weights
+
+    tensors = load_file(str(FIXTURE / "model.safetensors"))
+    tensors["head.weight"], tensors["head.scale"] = fp8(tensors["head.weight"])
+    for e in range(4):
+        for w in ("w1", "w2", "w3"):
+            name = f"layers.0.ffn.experts.{e}.{w}"
+            tensors[f"{name}.weight"], tensors[f"{name}.scale"] = fp4(tensors[f"{name}.weight"])
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    assert released_weights(tmp_path) == {"dense": "unquantized", "experts": "unquantized"}
+    assert released_weights(tmp_path / "nowhere") is None

@@ -139,6 +139,8 @@ def test_directory_without_safetensors(tmp_path):
     ("fp4 scale shape", r"scale layers.2.ffn.experts.5.w1.scale has shape \(64, 1\), "
                         r"expected \(64, 4\)"),
     ("e5m2 weight", "layers.1.attn.wq_b.weight has a scale but is stored as F8_E5M2"),
+    ("float8 without scale", "layers.1.attn.wq_b.weight is float8 without a scale"),
+    ("scaled vector", "layers.0.attn_norm.weight has a scale, but only matrices"),
 ])
 def test_a_scale_that_does_not_fit_its_weight_is_named(tmp_path, tensors, damage, message):
     if damage == "scale on a float weight":
@@ -150,10 +152,15 @@ def test_a_scale_that_does_not_fit_its_weight_is_named(tmp_path, tensors, damage
         tensors[f"{name}.weight"], _ = _fp4(torch.randint(0, 16, (64, 128)),
                                             torch.ones(64, 4))
         tensors[f"{name}.scale"] = torch.ones(64, 1).to(torch.float8_e8m0fnu)
-    else:
+    elif damage == "e5m2 weight":
         name = "layers.1.attn.wq_b"
         tensors[f"{name}.weight"] = tensors[f"{name}.weight"].to(torch.float8_e5m2)
         tensors[f"{name}.scale"] = torch.ones(4, 1).to(torch.float8_e8m0fnu)
+    elif damage == "float8 without scale":
+        name = "layers.1.attn.wq_b.weight"
+        tensors[name] = tensors[name].to(torch.float8_e4m3fn)
+    else:
+        tensors["layers.0.attn_norm.scale"] = torch.ones(1)
     with pytest.raises(CheckpointError, match=message):
         load_params(_write(tmp_path, tensors), REF)
 
