@@ -50,7 +50,9 @@ class Paged:
         """Rows [N, M, width] at indices [N, M]; zeros where not real."""
         where, real = self.address(rows, index, ok)
         values = read_rows(self.pool, where.reshape(-1)).view(*where.shape, self.width)
-        return values.masked_fill_(~real[..., None], 0)      # in place: no second copy
+        if torch.compiler.is_compiling():        # a compiled graph fuses this into its reader
+            return torch.where(real[..., None], values, 0)
+        return values.masked_fill_(~real[..., None], 0)      # eager: no second copy
 
     def write(self, rows: Rows, index: torch.Tensor, ok: torch.Tensor,
               values: torch.Tensor) -> None:
