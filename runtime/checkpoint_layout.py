@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from runtime.model.args import ModelArgs
 
+FP8_BLOCK = 128        # an FP8 weight's scale covers a 128 x 128 block
+FP4_GROUP = 32         # an FP4 weight's scale covers 32 inputs of a row
+
 # Matrices the release stores in FP8 but the device never holds quantized: the
 # embedding (a gather), the head and the router (read whole, in float32). Every other
 # 2-D `.weight` outside the routed experts is an FP8 projection in an FP8 release.

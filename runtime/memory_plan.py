@@ -18,6 +18,8 @@ from types import ModuleType
 from typing import Any
 
 from runtime.checkpoint_layout import (
+    FP4_GROUP,
+    FP8_BLOCK,
     expected_shapes,
     is_fp8_projection,
     is_routed_expert,
@@ -26,7 +28,6 @@ from runtime.checkpoint_layout import (
 from runtime.model.args import ModelArgs
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-FP8_BLOCK, FP4_GROUP = 128, 32
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 

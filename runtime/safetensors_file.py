@@ -12,6 +12,7 @@ torch (`v4serve spec new` reads it); torch comes in where a tensor is made.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import struct
@@ -27,6 +28,7 @@ ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 
 MAX_HEADER = 100 * 2**20
 
 
+@functools.cache
 def torch_dtype(name: str) -> torch.dtype:
     import torch
 

@@ -287,16 +287,6 @@ class _Reader:
         return quant.dequantize(*self.raw(name), dtype)
 
 
-def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """e4m3 weight [out, in] times its 128x128 block scale [ceil(out/128), ceil(in/128)]."""
-    return quant.dequantize(weight, scale, torch.float32)
-
-
-def dequantize_fp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """e2m1 pairs [out, in/2] (low nibble first) times one scale per 32 inputs [out, in/32]."""
-    return quant.dequantize(packed.view(torch.uint8), scale, torch.float32)
-
-
 def bytes_per_rank(params: ModelParams) -> int:
     """What one rank holds: every dense tensor (replicated) and its share of the routed
     experts."""

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 
-FP8_BLOCK = 128
-FP4_GROUP = 32
+from runtime.checkpoint_layout import FP4_GROUP, FP8_BLOCK
+
 FP8 = torch.float8_e4m3fn
 FP4 = torch.uint8               # packed pairs of e2m1 codes
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from runtime.model.quant import e2m1_values
-from runtime.weights import CheckpointError, dequantize_fp4, dequantize_fp8, load_params
+from runtime.model.quant import dequantize, e2m1_values
+from runtime.weights import CheckpointError, load_params
 from tests.model.support import FIXTURE, REF
 
 
@@ -45,8 +45,8 @@ def test_fp8_dequantizes_with_128x128_block_scales():
     weight = torch.tensor([[1.5, -2.0], [0.25, 3.0]]).repeat(100, 100)   # [200, 200]
     scales = torch.tensor([[0.5, 4.0], [2.0, 0.125]])
     q, s = _fp8(weight, scales)
-    assert torch.equal(dequantize_fp8(q, s.float()), weight)
-    assert dequantize_fp8(q, s.float())[0, 0] == 1.5 and q.float()[0, 0] == 3.0
+    assert torch.equal(dequantize(q, s.float(), torch.float32), weight)
+    assert dequantize(q, s.float(), torch.float32)[0, 0] == 1.5 and q.float()[0, 0] == 3.0
 
 
 def test_fp4_dequantizes_low_nibble_first_with_a_scale_per_32_inputs():
@@ -54,7 +54,7 @@ def test_fp4_dequantizes_low_nibble_first_with_a_scale_per_32_inputs():
     scales = torch.tensor([[2.0, 0.5]])
     packed, s = _fp4(codes, scales)
     assert packed.shape == (1, 32) and int(packed.view(torch.uint8)[0, 0]) == 0x10
-    got = dequantize_fp4(packed, s.float())
+    got = dequantize(packed.view(torch.uint8), s.float(), torch.float32)
     want = e2m1_values(codes[0])
     want = want * torch.tensor([2.0] * 32 + [0.5] * 32)
     assert torch.equal(got[0], want)
@@ -77,7 +77,8 @@ def test_quantized_checkpoint_loads_to_the_dequantized_values(tmp_path, tensors)
     assert torch.equal(params.experts[2].w1[5], values)
     held = load_params(tmp_path, REF, weight_format="as_released")
     assert held[name].dtype == torch.float8_e4m3fn            # kept as released ...
-    assert torch.equal(dequantize_fp8(held[name], held["layers.1.attn.wq_b.scale"]), exact)
+    scale = held["layers.1.attn.wq_b.scale"]
+    assert torch.equal(dequantize(held[name], scale, torch.float32), exact)
     assert not held.experts[2].quantized        # ... but one FP4 expert among float ones
     assert torch.equal(held.experts[2].w1[5], values)
 
