@@ -30,10 +30,10 @@ import numpy as np
 import torch
 
 from runtime import batch_sampler
-from runtime.batch_sampler import PenaltyState, RowParamsBuilder
 from runtime.grammar import GrammarError, TokenMasks, Vocabulary
 from runtime.model.params import ModelParams
 from runtime.request import Request
+from runtime.sampling_state import SamplingState
 from runtime.scheduler import PageCopy, PrefillChunk, Save, SchedulerOutput
 from runtime.tokenizer import Tokenizer
 
@@ -96,9 +96,8 @@ class ModelRunner:
         self.prefill_mtp = spec.kernels.PrefillMtp(device, backend, ranks=self.ranks) \
             if k else None
         self.decode = spec.kernels.DECODE_BY_K[k](device, backend, ranks=self.ranks)
-        self.builder = RowParamsBuilder(device)
         self.states = spec.pools.REQUEST_SLOTS_PER_RANK + 1       # per rank, scratch last
-        self.penalties: PenaltyState | None = None
+        self.sampling = SamplingState(self.ranks * self.states, params.args.vocab_size, device)
         self.max_logprobs = 20
         self.dispatches: Counter[str] = Counter()
         self.timing = Timing()
@@ -162,16 +161,8 @@ class ModelRunner:
             if self.mtp is not None:
                 self.mtp.slots[request.rank, request.slot] = 0
                 self.mtp.hidden[request.rank, request.slot] = 0
-            if request.params.penalized:
-                self._penalty_state().reset(self._state(request), request.prompt_ids,
-                                            request.output_ids)
-
-    def _penalty_state(self) -> PenaltyState:
-        if self.penalties is None:      # allocated at the first penalized request
-            ranks = self.ranks
-            self.penalties = PenaltyState(ranks * self.states, self.params.args.vocab_size,
-                                          self.device)
-        return self.penalties
+            self.sampling.admit(self._state(request), request.prompt_ids,
+                                request.output_ids, request.params)
 
     def _state(self, request: Request) -> int:
         return request.rank * self.states + request.slot
@@ -303,14 +294,14 @@ class ModelRunner:
         flat = self._flat_rows([(r.rank, row, r) for r, row in requests], batch)
         logits = out.logits.view(-1, *out.logits.shape[2:])[flat]            # [n, 2, V]
         draft = out.draft_ids.view(-1, out.draft_ids.shape[-1])[flat][:, 0]
-        counts, seen = self._penalties_of(rows_params)
+        counts, seen = self.sampling.penalties(rows_params)
         allowed = self._allowed_after_draft([r for r, _ in requests], tail_masks, draft)
         tokens, kept, sound = batch_sampler.verify(logits, draft, rows_params, counts, seen,
                                                    allowed)
         self._advance_slots([r for r, _ in requests], tokens, kept,
                             out.hidden.view(-1, *out.hidden.shape[2:])[flat])
         count = 1 + kept.long()
-        self._count_penalties(rows_params, tokens, count)
+        self.sampling.count(rows_params, tokens, count)
         self.timing.sample += time.perf_counter() - t0
         return [_Sampled([r for r, _ in requests], tokens, count, sound, self.k,
                          logits if self._logprobs_wanted(requests) else None)]
@@ -437,7 +428,7 @@ class ModelRunner:
             ok.append((request, row))
         if not ok:
             return [], None
-        return ok, self.builder.build(*(list(column) for column in zip(*values)))
+        return ok, self.sampling.row_params(*(list(column) for column in zip(*values)))
 
     def _row(self, request: Request) -> tuple:
         """(params, seed, output index, state slot) of a request's sampling row."""
@@ -447,22 +438,13 @@ class ModelRunner:
                 self._state(request))
 
     def _seed(self, request: Request) -> int:
-        """The request's stream: its seed, or one drawn once for it."""
+        """The request's stream (a signed 64-bit integer): its seed, or one drawn once
+        for it."""
         if request.request_id not in self._seeds:
-            seed = request.params.generator_seed
+            seed = request.params.seed
             self._seeds[request.request_id] = seed if seed is not None \
                 else self._rng.getrandbits(63)
         return self._seeds[request.request_id]
-
-    def _penalties_of(self, rows_params) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        if not rows_params.penalized:
-            return None, None
-        return self._penalty_state().rows(rows_params.state)
-
-    def _count_penalties(self, rows_params, tokens: torch.Tensor, count: torch.Tensor) -> None:
-        if rows_params.penalized:
-            keep = torch.arange(tokens.shape[1], device=self.device)[None, :] < count[:, None]
-            self._penalty_state().add(rows_params.state, tokens, keep)
 
     def _sample_rows(self, requests: list[Request], logits: torch.Tensor,
                      results) -> list[_Sampled]:
@@ -473,12 +455,12 @@ class ModelRunner:
         if not ok:
             return []
         logits = logits[torch.tensor([i for _, i in ok], device=self.device)]
-        counts, seen = self._penalties_of(rows_params)
+        counts, seen = self.sampling.penalties(rows_params)
         token, sound = batch_sampler.sample(logits, rows_params, counts, seen,
                                             self._allowed([r for r, _ in ok]))
         tokens = token[:, None]
         count = torch.ones_like(token)
-        self._count_penalties(rows_params, tokens, count)
+        self.sampling.count(rows_params, tokens, count)
         self.timing.sample += time.perf_counter() - t0
         kept = [r for r, _ in ok]
         return [_Sampled(kept, tokens, count, sound, 0,

@@ -78,11 +78,6 @@ class SamplingParams:
         return (self.presence_penalty != 0 or self.frequency_penalty != 0
                 or self.repetition_penalty != 1)
 
-    @property
-    def generator_seed(self) -> int | None:
-        """The seed as the unsigned 64-bit value a torch.Generator takes."""
-        return None if self.seed is None else self.seed % 2**64
-
 
 # (field, low, high, low bound excluded): the domain of every float parameter
 _FLOAT_RANGES = (
@@ -102,7 +97,10 @@ def _is_int(value) -> bool:
 def _in_range(value, low: float, high: float, low_open: bool) -> bool:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
-    if not math.isfinite(value):
+    try:
+        if not math.isfinite(value):       # an int beyond a double overflows here
+            return False
+    except OverflowError:
         return False
     return (low < value if low_open else low <= value) and value <= high
 

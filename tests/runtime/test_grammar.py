@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from runtime import batch_sampler
-from runtime.batch_sampler import RowParamsBuilder
 from runtime.grammar import GrammarError, StructuredOutputs, TokenMasks, Vocabulary
 from runtime.sampling_params import SamplingParams
+from runtime.sampling_state import row_params
 from runtime.tokenizer import Tokenizer
 from tests.conftest import REPO
 
@@ -123,8 +123,7 @@ def test_unpack_mask_matches_the_bit_layout():
 
 def _rows(params: list[SamplingParams]):
     n = len(params)
-    return RowParamsBuilder(torch.device("cpu")).build(params, list(range(1, n + 1)),
-                                                       [0] * n, [0] * n)
+    return row_params(params, list(range(1, n + 1)), [0] * n, [0] * n, torch.device("cpu"))
 
 
 def test_the_sampler_draws_only_allowed_tokens():

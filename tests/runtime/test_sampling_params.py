@@ -60,7 +60,11 @@ def test_booleans_are_not_numbers():
         SamplingParams(max_tokens=True)
 
 
-def test_a_negative_seed_seeds_the_generator_as_its_64_bit_pattern():
-    assert SamplingParams(seed=-1).generator_seed == 2**64 - 1
-    assert SamplingParams(seed=5).generator_seed == 5
-    assert SamplingParams().generator_seed is None
+@pytest.mark.parametrize("field", ["temperature", "top_p", "repetition_penalty",
+                                   "presence_penalty"])
+def test_an_integer_beyond_a_double_is_refused_not_an_overflow(field):
+    with pytest.raises(InvalidParam, match=field) as caught:
+        SamplingParams(**{field: 10**400})
+    assert caught.value.param == field
+    with pytest.raises(InvalidParam, match="logit_bias"):
+        SamplingParams(logit_bias=((5, -(10**400)),))
