@@ -23,7 +23,9 @@ saved as an entry, registered at commit:
                  pages when its computation stands there (it splits the launch there)
     in decode    at the start of the step after the boundary is passed, while the ring
                  still holds its rows (`Layout.reach`); so too when the request ends
-Copies of a step pin the pages they read or fill until its commit.
+Copies of a step pin the pages they read or fill until its commit, so a page a save
+will read is never handed to another request first (an ending request's save runs in
+the next step, after its own pages were freed).
 """
 from __future__ import annotations
 
@@ -129,6 +131,11 @@ class SchedulerOutput:
                 launches[i].append(PrefillChunk(ch.request, ch.slot, at, point - at))
                 at = point
         return launches
+
+
+def _sources(copies: list[PageCopy]) -> dict[str, list[int]]:
+    """The pages copies read, by group (one copy per group)."""
+    return {c.group: [c.src] for c in copies}
 
 
 def _prefill_target(request: Request) -> int:
@@ -431,8 +438,10 @@ class Scheduler:
 
     def _save(self, request: Request, boundary: int, saves: list[Save]) -> None:
         """Plan a save of the request's state at `boundary` (unless its entry exists or
-        no page is free): new pages for the ring copies; its full pages of the block
-        before `boundary` are held until commit."""
+        no page is free): new pages for the ring copies. Until the commit of the step
+        that copies, the save holds its full pages of the block before `boundary` and
+        the ring pages it reads: a request that ends (or is preempted) before the copy
+        runs frees its pages, and no other request may take and write one meanwhile."""
         layout, rank = self.layout, request.rank
         j = boundary // layout.block_size - 1
         if layout.max_blocks(request, boundary) > j \
@@ -443,9 +452,9 @@ class Scheduler:
             return
         fresh = {g: ids[0] for g, ids in self.pool.allocate(rank, need).items()}
         full = {g: request.blocks[g][j] for g in layout.full}
-        self.pool.hold(rank, {g: [i] for g, i in full.items()})
         copies = [PageCopy(rank, g, request.blocks[g][layout.ring_entry(g, boundary)],
                            fresh[g]) for g in layout.ring]
+        self.pool.hold(rank, {g: [i] for g, i in full.items()} | _sources(copies))
         saves.append(Save(request, rank, boundary, copies, full | fresh))
 
     def _register(self, out: SchedulerOutput) -> None:
@@ -457,6 +466,7 @@ class Scheduler:
             if layout.max_blocks(save.request, save.boundary) > j:
                 self.pool.put(save.rank, layout.keys(save.request, j + 1)[j], save.pages)
             self.pool.free(save.rank, {g: [i] for g, i in save.pages.items()})
+            self.pool.free(save.rank, _sources(save.copies))
         for rank, pages in out.pins:
             self.pool.free(rank, pages)
 

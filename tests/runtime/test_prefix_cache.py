@@ -14,9 +14,11 @@ from runtime import capacity
 from runtime.admission import Admission
 from runtime.block_pool import BlockPool
 from runtime.engine import EngineConfig
+from runtime.mtp_slots import SlotTable
 from runtime.prefix_cache import Layout, Unsupported
-from runtime.request import Request
+from runtime.request import Request, Status
 from runtime.sampling_params import SamplingParams
+from runtime.scheduler import Scheduler, SchedulerConfig
 from tests.model.support import FIXTURE, REF, reference_params
 from tests.runtime.engine_support import assert_all_free, make_engine, random_prompt
 
@@ -188,6 +190,46 @@ def test_every_page_is_free_or_cached_once_requests_end():
     assert sum(pool.cached_blocks(r) for r in range(8)) > 0
 
 
+
+# pools of blocks of 4 tokens: a full group and a ring of two 4-row pages
+TOY_FORMULAS = {"kv": lambda n: -(-n // 4), "ring": lambda n: min(2, -(-n // 4))}
+TOY_LAYOUT = Layout(block_size=4, lookahead=0, full=("kv",), ring={"ring": (4, 2)}, reach=4)
+
+
+@pytest.mark.parametrize(("lengths", "kv", "ring", "budget"), [
+    ((1, 6, 11), 7, 8, 8), ((9, 4, 1, 10), 10, 8, 8), ((2, 5, 2, 10), 9, 10, 16)])
+def test_a_page_a_pending_save_reads_goes_to_nobody_before_the_copy(lengths, kv, ring,
+                                                                      budget):
+    """A request preempted (or ended) in the step after it passed a block boundary is
+    saved at the start of the next step, from ring pages its release freed. None of
+    them may go to another request in between: the runner would zero and write it
+    before the copy, and register the garbage under the first one's prefix. (Found by a
+    search over such small pools; each case handed a page over before the fix.)"""
+    config = SchedulerConfig(ranks=1, prefill_slots=2, decode_batch=4, micro_batches=1, k=0,
+                             effective_extent=64, max_num_batched_tokens=budget,
+                             max_num_seqs=4, max_model_len=64)
+    sched = Scheduler(config, BlockPool({"kv": kv, "ring": ring}, ranks=1), TOY_FORMULAS,
+                      SlotTable(1, 4), TOY_LAYOUT)
+    for i, n in enumerate(lengths):
+        sched.add(_request(list(range(100 + 10 * i, 100 + 10 * i + n)), max_tokens=10))
+    fresh: dict = {}
+    finals = 0
+    for _ in range(100):
+        if not sched.has_work():
+            break
+        out = sched.schedule()
+        for save in out.saves:
+            if save.request.status is not Status.RUNNING:     # planned in the last step
+                finals += 1
+                assert not [c for c in save.copies if c.src in fresh.get((0, c.group), ())]
+        fresh = out.fresh_blocks
+        results = {r: [7] for launch in out.decode for r in launch}
+        results.update({ch.request: [7] for ch in out.prefill if ch.terminal})
+        sched.commit(out, results)
+    assert not sched.has_work() and finals > 0 and sched.num_preemptions > 0
+    assert all(sched.pool.free_count(0, g) == n for g, n in sched.pool.capacity.items())
+
+
 # -- end to end: exactness against the uncached engine ----------------------------------
 
 @pytest.fixture(scope="module")
@@ -297,4 +339,36 @@ def test_a_preempted_request_hits_its_own_blocks_when_it_comes_back(params):
     assert [o.output_ids for o in engine.generate(prompts, many)] == expected
     assert engine.scheduler.num_preemptions > 0
     assert engine.prefix_cache_info()["hits"] > 0          # only re-admissions can hit
+    assert_all_free(engine)
+
+
+def _two_turns(engine, firsts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+    """Every conversation's first turn at once, then every second turn: the first
+    prompt, its answer and a new user message."""
+    answers = [o.output_ids for o in engine.generate(firsts, params)]
+    seconds = [first + answer + random_prompt(30, 950 + i)
+               for i, (first, answer) in enumerate(zip(firsts, answers))]
+    return answers + [o.output_ids for o in engine.generate(seconds, params)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", [0, 1])
+def test_a_chat_workload_under_preemption_gives_the_uncached_completions(params, k):
+    """Conversations share a system prompt that crosses two block boundaries, each runs
+    two turns (the second resends the first turn and its answer), and the pools hold
+    512 tokens per rank where two conversations run, so decoding requests are
+    preempted, some in the step after they passed a boundary whose save is still to be
+    taken. Every completion equals the cache-off run's; preemptions and hits happen."""
+    system = random_prompt(260, 900)
+    firsts = [system + random_prompt(20 + 5 * i, 910 + i) for i in range(16)]
+    turn = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    config = dict(num_speculative_tokens=k, backend="compiled-eager", max_model_len=512)
+    expected = _two_turns(make_engine(params, enable_prefix_caching=False, **config),
+                          firsts, turn)
+    running = 8 if k else 16                     # the rank's decode capacity for this K
+    tight = capacity.bytes_for(REF.pools.GROUPS, running, 512, _layout(k).copies)
+    engine = make_engine(params, kv_cache_memory=tight, **config)
+    assert _two_turns(engine, firsts, turn) == expected
+    assert engine.scheduler.num_preemptions > 0
+    assert engine.prefix_cache_info()["hits"] > 0
     assert_all_free(engine)
