@@ -7,6 +7,7 @@ import pytest
 from runtime import capacity
 from runtime.backends import torch_backend
 from runtime.engine import ConfigError
+from runtime.prefix_cache import Layout
 from runtime.sampling_params import SamplingParams
 from tests.model.support import REF, reference_params
 from tests.runtime.engine_support import (
@@ -22,6 +23,12 @@ pytestmark = pytest.mark.slow
 LENGTHS = [127, 128, 129, 255, 256, 257, 600]
 # the readable reference, and the compiled backend's graphs run eagerly
 BACKENDS = ["torch", "compiled-eager"]
+
+
+def copies(k: int) -> dict[str, int]:
+    """The ring copy pages the prefix cache adds to a budget (runtime/capacity.py)."""
+    return Layout.of(REF.pools.GROUPS, REF.architecture.CONFIG, REF.contract.BLOCK_SIZE,
+                     k).copies
 
 
 @pytest.fixture(scope="module")
@@ -117,14 +124,16 @@ def test_accepted_drafts_keep_greedy_output_identical(params, oracle_drafts):
 @pytest.mark.parametrize("backend, k", [("torch", 0), ("compiled-eager", 1)])
 def test_preemption_under_pool_pressure_keeps_every_output(params, k, backend):
     """Prompts of 120 tokens fill a rank's compressed pools at admission; decoding past
-    position 131 needs a second CSA block each, which only preemption can free."""
+    position 131 needs a second CSA block each, which only preemption can free. With
+    the prefix cache on (the default): preempted requests save the boundary they passed
+    and hit it when they come back."""
     prompts = [random_prompt(120, i) for i in range(64)]
     many = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     calm = make_engine(params, num_speculative_tokens=k).generate(prompts, many)
     running = 8 if k else 16                     # the rank's decode capacity for this K
-    tight = capacity.bytes_for(REF.pools.GROUPS, running, 128 * 8)
+    tight = capacity.bytes_for(REF.pools.GROUPS, running, 128 * 8, copies(k))
     engine = make_engine(params, num_speculative_tokens=k, kv_cache_memory=tight,
-                         max_model_len=1024, backend=backend, enable_prefix_caching=False)
+                         max_model_len=1024, backend=backend)
     pressed = engine.generate(prompts, many)
     assert engine.scheduler.num_preemptions > 0
     assert [o.output_ids for o in pressed] == [o.output_ids for o in calm]
@@ -183,10 +192,9 @@ def test_preempted_requests_come_back_with_a_new_slot_generation(params):
     carries its current owner's generation, so a stale step is recognisable (the fused
     decode kernel skips such rows: tests/model/test_reference.py)."""
     prompts = [random_prompt(120, i) for i in range(64)]
-    tight = capacity.bytes_for(REF.pools.GROUPS, 8, 128 * 8)
+    tight = capacity.bytes_for(REF.pools.GROUPS, 8, 128 * 8, copies(1))
     engine = make_engine(params, num_speculative_tokens=1, kv_cache_memory=tight,
-                         max_model_len=1024, backend="compiled-eager",
-                         enable_prefix_caching=False)
+                         max_model_len=1024, backend="compiled-eager")
     handed: dict[tuple[int, int], list[int]] = {}
     acquire = engine.scheduler.slots.acquire
 
