@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterable
+from functools import cached_property
 from pathlib import Path
 
+from tokenizers import Encoding
 from tokenizers import Tokenizer as _HFTokenizer
 
 
@@ -30,6 +34,64 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_segments(self, segments: Iterable[tuple[str, bool]],
+                        add_special_tokens: bool = False) -> list[int]:
+        """Ids of a text given as (text, is_markup) segments, where added tokens (control
+        tokens) are recognized in markup only: content is encoded as plain text, so a
+        client's "<｜User｜>" is a few ordinary tokens, never the control token.
+
+        HF finds the added tokens of a text (leftmost-longest) and encodes the runs between
+        them each on its own; this does the same with the markup's added tokens, a run
+        taking in the content next to it. So, as long as no added token of the joined text
+        overlaps content, the ids are those of `encode` of the joined text. (Added tokens
+        are matched in the raw text, their lstrip/rstrip/single_word flags not honoured:
+        exact for a tokenizer whose normalizer, if any, leaves the markup as it is and
+        whose markup tokens have no such flags, as the V4 and models/tiny ones.)"""
+        pieces = self._pieces(segments)
+        runs = iter(self._plain.encode_batch(
+            [text for text, is_token in pieces if not is_token], add_special_tokens=False))
+        tokens = iter(self._tok.encode_batch(
+            [text for text, is_token in pieces if is_token], add_special_tokens=False))
+        merged = Encoding.merge([next(tokens if is_token else runs) for _, is_token in pieces],
+                                growing_offsets=True)
+        # what encode does after splitting: truncation, the post-processor, padding
+        return self._tok.post_process(merged, None, add_special_tokens).ids
+
+    def _pieces(self, segments: Iterable[tuple[str, bool]]) -> list[tuple[str, bool]]:
+        """(text, is_token): the markup's added tokens, and the non-empty runs of text
+        (content and the markup around it) between them."""
+        pieces: list[tuple[str, bool]] = []
+        run = ""
+        for text, is_markup in segments:
+            # split with a group: texts at even places, the tokens between them
+            parts = self._added_pattern.split(text) if is_markup else [text]
+            for n, part in enumerate(parts):
+                if n % 2 == 0:
+                    run += part
+                    continue
+                if run:
+                    pieces.append((run, False))
+                pieces.append((part, True))
+                run = ""
+        return pieces + [(run, False)] if run else pieces
+
+    @cached_property
+    def _added_pattern(self) -> re.Pattern:
+        """Any added token's text, longest first, so that a match is leftmost-longest as
+        HF's; a pattern that never matches when there are none."""
+        texts = sorted((t.content for t in self._tok.get_added_tokens_decoder().values()),
+                       key=len, reverse=True)
+        return re.compile("(" + ("|".join(map(re.escape, texts)) or "(?!)") + ")")
+
+    @cached_property
+    def _plain(self) -> _HFTokenizer:
+        """The same tokenizer without its added tokens (nor truncation and padding, which
+        apply to the whole text): it encodes "<｜User｜>" as the text it is. Built on first
+        use (a chat request), once."""
+        spec = json.loads(self._tok.to_str())
+        spec.update(added_tokens=[], truncation=None, padding=None)
+        return _HFTokenizer.from_str(json.dumps(spec))
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)

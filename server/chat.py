@@ -3,7 +3,9 @@
 The prompt: a V4 checkpoint (its tokenizer carries the V4 special tokens) is encoded by
 the V4 chat format (server/v4_encoding.py): thinking or not, reasoning effort, tools and
 tool calls in DSML. Any other checkpoint uses its Jinja chat template (given `tools`,
-`thinking` and the request's chat_template_kwargs), or a plain fallback.
+`thinking` and the request's chat_template_kwargs), or a plain fallback. Either way the
+client's text is tokenized as plain text: only the renderer's own markup yields control
+tokens (server/content_marks.py), so a message cannot forge a turn or a tool call.
 
 The reading (ChatPlan): whether the prompt opened a thinking block, which tool mode the
 request is in, and the constraint its output is sampled under:
@@ -20,14 +22,17 @@ response_format, guided_*, tool_choice required or named) is rendered without th
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from runtime.grammar import StructuredOutputs
 from runtime.tokenizer import Tokenizer
 from server import v4_encoding
-from server.protocol import ChatCompletionRequest, bad_request
+from server.content_marks import ContentMarks, Segment
+from server.protocol import APIError, ChatCompletionRequest, bad_request
 
 FALLBACK = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
             "{% if add_generation_prompt %}assistant:{% endif %}")
@@ -97,30 +102,62 @@ def render(tokenizer: Tokenizer, messages: list[dict], *, thinking: bool = False
     """Token ids of the conversation, ending with the assistant's turn to speak."""
     if v4_encoding.is_v4_vocab(tokenizer.token_id):
         try:
-            text = v4_encoding.encode(messages, thinking=thinking, reasoning_effort=effort,
-                                      tools=[{"type": "function", "function": t}
-                                             for t in tools or []])
+            segments = v4_encoding.encode_segments(
+                messages, thinking=thinking, reasoning_effort=effort,
+                tools=[{"type": "function", "function": t} for t in tools or []])
         except (ValueError, RecursionError) as exc:
             raise bad_request(f"the messages do not fit the V4 chat format: {exc}",
                               "messages") from None
-        return tokenizer.encode(text, add_special_tokens=False)
+        return tokenizer.encode_segments(segments)
     return _render_template(tokenizer, messages, thinking, tools, extra)
+
+
+# Strings a template compares rather than prints: left unmarked
+UNMARKED = ("role", "type")
 
 
 def _render_template(tokenizer: Tokenizer, messages: list[dict], thinking: bool,
                      tools: list[dict] | None, extra: dict | None) -> list[int]:
-    template = tokenizer.chat_template or FALLBACK
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    variables = {**(extra or {}), "thinking": thinking, "enable_thinking": thinking,
-                 "tools": [{"type": "function", "function": t} for t in tools] or None}
+    variables = {**(extra or {}), "thinking": thinking, "enable_thinking": thinking}
+    fill = partial(_fill, tokenizer, variables)
+    tools = [{"type": "function", "function": t} for t in tools or []] or None
+    text = fill(messages, tools)
+    segments = _marked(fill, messages, tools, text)
+    add_special_tokens = tokenizer.chat_template is None
+    if segments is None:
+        # content cannot be told from markup: the whole text is tokenized as it always
+        # was, added tokens recognized anywhere (in the client's text too)
+        return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    return tokenizer.encode_segments(segments, add_special_tokens=add_special_tokens)
+
+
+def _marked(fill: Callable[..., str], messages: list[dict], tools: list[dict] | None,
+            text: str) -> list[Segment] | None:
+    """`text`, the template's prompt, as segments: rendered again with the client's
+    strings (message fields, tool definitions) between content marks. None when that
+    render is not `text` plus well-paired marks: the template trimmed, sliced or compared
+    a marked string, or raised on one."""
+    marks = ContentMarks()
     try:
-        text = env.from_string(template).render(
+        marked = fill(marks.wrap_values(messages, UNMARKED), marks.wrap_values(tools, UNMARKED))
+    except APIError:
+        return None
+    segments = marks.split(marked)
+    if segments is None or "".join(t for t, _ in segments) != text:
+        return None
+    return segments
+
+
+def _fill(tokenizer: Tokenizer, variables: dict, messages: list[dict],
+          tools: list[dict] | None) -> str:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    try:
+        return env.from_string(tokenizer.chat_template or FALLBACK).render(
             messages=messages, add_generation_prompt=True,
             bos_token=tokenizer.config.get("bos_token") or "",
-            eos_token=tokenizer.config.get("eos_token") or "", **variables)
+            eos_token=tokenizer.config.get("eos_token") or "", **{**variables, "tools": tools})
     except Exception as exc:   # a template may raise on purpose (e.g. role order)
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from None
-    return tokenizer.encode(text, add_special_tokens=tokenizer.chat_template is None)
 
 
 # -- tools -----------------------------------------------------------------------------

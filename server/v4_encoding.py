@@ -7,12 +7,19 @@ The pipeline, in the format's own order:
 
 A turn is one message of the merged list. Tool messages become `tool_result` blocks of a user
 turn; consecutive user/tool messages fuse into one user turn. Torch-free and I/O-free.
+
+Rendering passes every piece of the client's text (contents, reasoning, call names and
+arguments, tool schemas, response_format) through a `content` function: the identity for
+`encode`, content marks for `encode_segments`, whose segments tell the client's text from
+the format's own markup (BOS, EOS, User, Assistant, think tags, DSML tags, the tools text).
 """
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from server.content_marks import ContentMarks, Segment
 
 BOS = "<｜begin▁of▁sentence｜>"
 EOS = "<｜end▁of▁sentence｜>"
@@ -123,6 +130,28 @@ def encode(messages: list[dict], *, thinking: bool, reasoning_effort: str | None
     `tools` (OpenAI tools) and `response_format` ride on the first message if it is a system
     message, else on an empty system message put first. Raises ValueError on input the
     format cannot render (an unknown role, a content that is not text, a nameless call)."""
+    return _encode(messages, thinking, reasoning_effort, tools, response_format, _same)
+
+
+def encode_segments(messages: list[dict], *, thinking: bool,
+                    reasoning_effort: str | None = None, tools: list[dict] | None = None,
+                    response_format: dict | None = None) -> list[Segment]:
+    """The text of `encode` as (text, is_markup) segments, joining to that text: the
+    client's text is content, the format's own strings markup (for
+    Tokenizer.encode_segments, which finds control tokens in markup only)."""
+    marks = ContentMarks()
+    segments = marks.split(_encode(messages, thinking, reasoning_effort, tools,
+                                   response_format, marks.wrap))
+    assert segments is not None, "each mark is written in a pair, and no client text holds one"
+    return segments
+
+
+def _same(text: str) -> str:
+    return text
+
+
+def _encode(messages, thinking: bool, reasoning_effort: str | None, tools, response_format,
+            content: Callable[[str], str]) -> str:
     if reasoning_effort not in REASONING_EFFORTS:
         raise ValueError(f"reasoning_effort must be one of {REASONING_EFFORTS}, "
                          f"not {reasoning_effort!r}")
@@ -134,7 +163,7 @@ def encode(messages: list[dict], *, thinking: bool, reasoning_effort: str | None
         turns = _drop_old_developers(turns)
     last = _last_user(turns)
     prefix = REASONING_EFFORT_MAX if thinking and reasoning_effort == "max" and turns else ""
-    return BOS + prefix + "".join(_render(turns, i, last, thinking, drop)
+    return BOS + prefix + "".join(_render(turns, i, last, thinking, drop, content)
                                   for i in range(len(turns)))
 
 
@@ -274,50 +303,53 @@ def _drop_old_developers(turns: list[_Turn]) -> list[_Turn]:
     return [t for i, t in enumerate(turns) if not (t.role == "developer" and i < last)]
 
 
-# --- rendering -------------------------------------------------------------------------------
+# --- rendering: `content` wraps each piece of the client's text --------------------------------
 
-def _render(turns: list[_Turn], i: int, last: int, thinking: bool, drop: bool) -> str:
+def _render(turns: list[_Turn], i: int, last: int, thinking: bool, drop: bool,
+            content: Callable[[str], str]) -> str:
     turn = turns[i]
     if turn.role == "system":
-        return turn.text + _suffix(turn)
+        return content(turn.text) + _suffix(turn, content)
     if turn.role == "assistant":
-        thought = turn.reasoning + END_THINK if thinking and (not drop or i > last) else ""
-        return thought + turn.text + _tool_calls(turn.calls) + EOS
-    body = USER + (turn.text + _suffix(turn) if turn.role == "developer" else _blocks(turn))
+        thinks = thinking and (not drop or i > last)
+        thought = content(turn.reasoning) + END_THINK if thinks else ""
+        return thought + content(turn.text) + _tool_calls(turn.calls, content) + EOS
+    body = USER + (content(turn.text) + _suffix(turn, content) if turn.role == "developer"
+                   else _blocks(turn, content))
     if i + 1 < len(turns) and turns[i + 1].role != "assistant":
         return body
     return body + ASSISTANT + (THINK if thinking and (not drop or i >= last) else END_THINK)
 
 
-def _suffix(turn: _Turn) -> str:
+def _suffix(turn: _Turn, content: Callable[[str], str]) -> str:
     text = ""
     if turn.tools:
         text += "\n\n" + TOOLS_TEMPLATE.format(
-            schemas="\n".join(to_json(f) for f in turn.tools))
+            schemas="\n".join(content(to_json(f)) for f in turn.tools))
     if turn.response_format:
-        text += "\n\n" + RESPONSE_FORMAT_HEADER + to_json(turn.response_format)
+        text += "\n\n" + RESPONSE_FORMAT_HEADER + content(to_json(turn.response_format))
     return text
 
 
-def _blocks(turn: _Turn) -> str:
-    return "\n\n".join(f"<tool_result>{b.text}</tool_result>" if b.result else b.text
-                       for b in turn.blocks)
+def _blocks(turn: _Turn, content: Callable[[str], str]) -> str:
+    return "\n\n".join(f"<tool_result>{content(b.text)}</tool_result>" if b.result
+                       else content(b.text) for b in turn.blocks)
 
 
-def _tool_calls(calls: list[_Call]) -> str:
+def _tool_calls(calls: list[_Call], content: Callable[[str], str]) -> str:
     if not calls:
         return ""
-    invokes = "\n".join(_invoke(c) for c in calls)
+    invokes = "\n".join(_invoke(c, content) for c in calls)
     return f"{TOOL_CALLS_START}>\n{invokes}\n</{DSML}tool_calls>"
 
 
-def _invoke(call: _Call) -> str:
-    params = "\n".join(_parameter(k, v) for k, v in call.arguments.items())
-    return f'<{DSML}invoke name="{call.name}">\n{params}\n</{DSML}invoke>'
+def _invoke(call: _Call, content: Callable[[str], str]) -> str:
+    params = "\n".join(_parameter(k, v, content) for k, v in call.arguments.items())
+    return f'<{DSML}invoke name="{content(call.name)}">\n{params}\n</{DSML}invoke>'
 
 
-def _parameter(key: str, value) -> str:
+def _parameter(key: str, value, content: Callable[[str], str]) -> str:
     is_text = isinstance(value, str)
     text = value if is_text else to_json(value)
-    return (f'<{DSML}parameter name="{key}" string="{"true" if is_text else "false"}">'
-            f"{text}</{DSML}parameter>")
+    return (f'<{DSML}parameter name="{content(key)}" '
+            f'string="{"true" if is_text else "false"}">{content(text)}</{DSML}parameter>')
