@@ -18,6 +18,10 @@ from runtime.request import Request
 from runtime.sampling_params import InvalidParam, SamplingParams
 from runtime.scheduler import Scheduler, SchedulerConfig
 
+# The longest stop string: every token's text is searched for each one, and the last
+# len(longest) - 1 characters of an output are held back until it cannot match.
+MAX_STOP_CHARS = 1024
+
 
 class ConfigError(ValueError):
     """A configuration the spec cannot serve; the message names the flag and the spec."""
@@ -30,6 +34,8 @@ class Admission:
     limits: SchedulerConfig
     capacity: capacity.Capacity
     max_logprobs: int
+    max_stop_strings: int = 64
+    max_stop_token_ids: int = 1024
     layout: Layout | None = None              # prefix caching; None: off
     memory: MemoryPlan | None = None          # pools sized from a device's memory
 
@@ -62,7 +68,8 @@ class Admission:
             raise ConfigError(f"the pools hold {cap.tokens} tokens per rank, less than one "
                               f"request of max_model_len {limits.max_model_len}; give the "
                               "cache more memory or lower --max-model-len")
-        return cls(spec, k, limits, cap, config.max_logprobs, layout, memory)
+        return cls(spec, k, limits, cap, config.max_logprobs, config.max_stop_strings,
+                   config.max_stop_token_ids, layout, memory)
 
     def check_weights(self, held: int) -> None:
         """ConfigError if a rank's loaded weights, its pools and the workspace overrun
@@ -104,10 +111,12 @@ class Admission:
         return self.spec.architecture.CONFIG["vocab_size"]
 
     def check(self, ids: list[int], params: SamplingParams) -> None:
-        """InvalidParam for what the model cannot take: an empty prompt, token ids outside
-        the vocabulary, more log-probs than the limit."""
+        """InvalidParam for what the model cannot take or the limits refuse: an empty
+        prompt, token ids outside the vocabulary, more log-probs, stop strings or stop
+        token ids than the limits."""
         if not ids:
             raise InvalidParam("prompt", "the prompt is empty")
+        self._check_stops(params)
         for param, tokens in (("prompt", ids), ("stop_token_ids", params.stop_token_ids),
                               ("logit_bias", [t for t, _ in params.logit_bias])):
             bad = [t for t in tokens if not 0 <= t < self.vocab_size]
@@ -117,6 +126,19 @@ class Admission:
         if params.logprobs is not None and params.logprobs > self.max_logprobs:
             raise InvalidParam("logprobs", f"logprobs must be at most {self.max_logprobs}, "
                                            f"got {params.logprobs}")
+
+    def _check_stops(self, params: SamplingParams) -> None:
+        """The stop lists within the limits (each costs work on every generated token)."""
+        for param, given, most in (("stop", params.stop, self.max_stop_strings),
+                                   ("stop_token_ids", params.stop_token_ids,
+                                    self.max_stop_token_ids)):
+            if len(given) > most:
+                raise InvalidParam(param, f"{param} may hold at most {most} entries, got "
+                                          f"{len(given)}")
+        longest = max(map(len, params.stop), default=0)
+        if longest > MAX_STOP_CHARS:
+            raise InvalidParam("stop", f"a stop string may be at most {MAX_STOP_CHARS} "
+                                       f"characters long, got one of {longest}")
 
     def validate(self, ids: list[int], params: SamplingParams) -> None:
         """InvalidParam if a request of these ids and params could never run here."""

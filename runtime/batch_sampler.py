@@ -202,5 +202,10 @@ def logprobs(logits: torch.Tensor, tokens: torch.Tensor,
     lps)."""
     lp = torch.log_softmax(logits.float(), dim=-1)
     chosen = lp.gather(-1, tokens.clamp(min=0)[..., None])[..., 0]
-    best = lp.topk(min(max(top, 1), lp.shape[-1]), dim=-1)
+    best = lp.topk(top_width(top, lp.shape[-1]), dim=-1)
     return chosen, best.indices, best.values
+
+
+def top_width(top: int, vocab: int) -> int:
+    """How many top log-probs logprobs() gives per position for `top`."""
+    return min(max(top, 1), vocab)

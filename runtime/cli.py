@@ -43,6 +43,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu | cuda | npu (default: the spec's)")
     parser.add_argument("--max-logprobs", type=int, default=20,
                         help="most top log-probs a request may ask for (default: 20)")
+    parser.add_argument("--max-stop-strings", type=int, default=64,
+                        help="most stop strings a request may give (default: 64)")
+    parser.add_argument("--max-stop-token-ids", type=int, default=1024,
+                        help="most stop token ids a request may give (default: 1024)")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="run the compiled backend's graphs without compiling them")
     add_distributed_args(parser)
@@ -131,7 +135,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         device_memory=args.device_memory if args.device_memory is not None
         else _own_device_memory(args, spec),
         gpu_memory_utilization=args.gpu_memory_utilization,
-        max_logprobs=args.max_logprobs, enforce_eager=args.enforce_eager,
+        max_logprobs=args.max_logprobs, max_stop_strings=args.max_stop_strings,
+        max_stop_token_ids=args.max_stop_token_ids, enforce_eager=args.enforce_eager,
         defer_compile=getattr(args, "defer_compile", False),
         distributed_executor_backend=args.distributed_executor_backend,
         nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,

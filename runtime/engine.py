@@ -15,6 +15,7 @@ import logging
 import os
 import time
 from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,6 +90,7 @@ class Engine:
             self.runner.checkpoint = Path(config.model)
         self.stats = Stats()
         self.requests: dict[str, Request] = {}
+        self._preparing: dict[Request, Future] = {}     # grammars compiling, not scheduled
         self._detok: dict[str, Detokenizer] = {}
         self._ids = itertools.count()
         self._arrival = itertools.count()
@@ -224,11 +226,26 @@ class Engine:
         request = Request(request_id, ids, params, next(self._arrival), eos)
         detok = Detokenizer(self.tokenizer, params.stop) \
             if self.tokenizer and self.config.detokenize else None
-        self.scheduler.add(request)           # the last step that may refuse it
+        if params.structured is None:
+            self.scheduler.add(request)           # the last step that may refuse it
+        else:
+            self._prepare(request)
         self.requests[request_id] = request
         if detok is not None:
             self._detok[request_id] = detok
         return request
+
+    def _prepare(self, request: Request) -> None:
+        """A constrained request: scheduled once its grammar is compiled, off the step
+        (ValueError, as scheduler.add, if it could never run)."""
+        reason = self.scheduler.check(request)
+        if reason:
+            raise ValueError(reason)
+        compiling = self.runner.prepare(request.params.structured)
+        if compiling is None:                     # this runner compiles in the step
+            self.scheduler.add(request)
+        else:
+            self._preparing[request] = compiling
 
     def validate(self, ids: list[int], params: SamplingParams) -> None:
         """InvalidParam if a request of these ids and params could never run here."""
@@ -241,20 +258,40 @@ class Engine:
     def abort(self, request_id: str) -> None:
         request = self.requests.get(request_id)
         if request is not None and not request.finished:
+            self._preparing.pop(request, None)
             self.scheduler.finish(request, "abort")
             self._forget(request)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or bool(self._preparing)
 
     # -- the step --------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        failed = self._prepared()
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         self.stats.schedule_seconds += time.perf_counter() - t0
         results = self.runner.execute(out)
-        return self._postprocess(out, results)
+        return failed + self._postprocess(out, results)
+
+    def _prepared(self) -> list[RequestOutput]:
+        """Schedule the requests whose grammar compiled (waiting a moment for one when
+        there is nothing else to do); a grammar that failed fails its request."""
+        if not self._preparing:
+            return []
+        if not self.scheduler.has_work():
+            wait(list(self._preparing.values()), timeout=0.05, return_when=FIRST_COMPLETED)
+        failed = []
+        for request, compiling in list(self._preparing.items()):
+            if not compiling.done():
+                continue
+            del self._preparing[request]
+            if compiling.exception() is None:
+                self.scheduler.add(request)
+            else:
+                failed.append(self._fail(request, compiling.exception()))
+        return failed
 
     def _postprocess(self, out: SchedulerOutput,
                      results: dict[Request, StepResult]) -> list[RequestOutput]:

@@ -28,6 +28,8 @@ class EngineConfig:
     device: str | None = None                     # None: the spec's device
     backend: str | None = None
     max_logprobs: int = 20                        # most top log-probs a request may ask for
+    max_stop_strings: int = 64                    # most stop strings of a request
+    max_stop_token_ids: int = 1024                # most stop token ids of a request
     enforce_eager: bool = False                   # never compile (vLLM's --enforce-eager)
     defer_compile: bool = False                   # uncompiled graphs run eagerly meanwhile
     detokenize: bool = True     # text and stop strings here (off: the API server does them)

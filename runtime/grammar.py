@@ -13,7 +13,10 @@ Torch-free: masks are numpy arrays here; the runner moves them to the device.
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, fields
+from functools import cache
 from pathlib import Path
 
 import llguidance
@@ -26,6 +29,7 @@ ANY_OBJECT = '{"type": "object"}'
 # the regex analysis a constraint may cost when it is built (llguidance's default is 1 M,
 # ~20 ms; a pathological regex reached seconds): a mask step's own budget stays default
 LIMITS = llguidance.LLParserLimits(initial_lexer_fuel=300_000)
+COMPILED = 64           # compiled grammars a vocabulary keeps (agents resend their schemas)
 
 
 class GrammarError(ValueError):
@@ -73,7 +77,13 @@ class StructuredOutputs:
 
 class Vocabulary:
     """The checkpoint's tokenizer as llguidance sees it, with the model's vocabulary width
-    (ids past the tokenizer's are never allowed) and its end-of-sequence token."""
+    (ids past the tokenizer's are never allowed) and its end-of-sequence token.
+
+    It keeps the last COMPILED grammars it compiled, each as a matcher that has read
+    nothing: a request's matcher is a copy, so a grammar is compiled once per process
+    however many requests (n choices, turns of an agent) use it. `shared` gives one
+    vocabulary per checkpoint in a process (the API server and an engine in a thread of
+    it share their compiles). Thread-safe: requests compile on preparation threads."""
 
     def __init__(self, tokenizer_json: Path, vocab_size: int, eos_id: int | None):
         text = Path(tokenizer_json).read_text()
@@ -84,25 +94,38 @@ class Vocabulary:
         except ValueError as exc:
             raise GrammarError(f"structured outputs cannot read this checkpoint's "
                                f"tokenizer: {exc}") from None
+        self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    @cache
+    def shared(tokenizer_json: Path, vocab_size: int, eos_id: int | None) -> Vocabulary:
+        return Vocabulary(tokenizer_json, vocab_size, eos_id)
 
     def check(self, constraint: StructuredOutputs) -> None:
         """GrammarError if the constraint does not compile for this vocabulary, or cannot
         give its first mask within the limits (what the runner will do first)."""
-        error = llguidance.LLMatcher.validate_grammar(constraint.definition(), self.tokenizer,
-                                                      limits=LIMITS)
-        if error:
-            raise GrammarError(_first_line(error))
         matcher = self.matcher(constraint)
         self.bitmask(matcher)
         if matcher.is_error():
             raise GrammarError(_first_line(matcher.get_error()))
 
     def matcher(self, constraint: StructuredOutputs) -> llguidance.LLMatcher:
-        matcher = llguidance.LLMatcher(self.tokenizer, constraint.definition(), log_level=0,
-                                       limits=LIMITS)
-        if matcher.is_error():
-            raise GrammarError(_first_line(matcher.get_error()))
-        return matcher
+        """A fresh matcher of the constraint (compiled on first use, else a copy)."""
+        definition = constraint.definition()
+        with self._lock:
+            compiled = self._compiled.get(definition)
+            if compiled is not None:
+                self._compiled.move_to_end(definition)
+                return compiled.deep_copy()
+        compiled = llguidance.LLMatcher(self.tokenizer, definition, log_level=0, limits=LIMITS)
+        if compiled.is_error():
+            raise GrammarError(_first_line(compiled.get_error()))
+        with self._lock:
+            self._compiled[definition] = compiled
+            while len(self._compiled) > COMPILED:
+                self._compiled.popitem(last=False)
+            return compiled.deep_copy()
 
     def bitmask(self, matcher: llguidance.LLMatcher) -> np.ndarray:
         """The next position's allowed tokens: [words] int32, padded to the model's width."""

@@ -20,8 +20,10 @@ row whose distribution comes out unsound (no finite mass) fails its request too.
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -30,7 +32,7 @@ import numpy as np
 import torch
 
 from runtime import batch_sampler
-from runtime.grammar import GrammarError, TokenMasks, Vocabulary
+from runtime.grammar import GrammarError, StructuredOutputs, TokenMasks, Vocabulary
 from runtime.model.params import ModelParams
 from runtime.request import Request
 from runtime.sampling_state import SamplingState
@@ -105,6 +107,8 @@ class ModelRunner:
         self._rng = random.Random()
         self.checkpoint: Path | None = None      # its tokenizer, for structured outputs
         self._masks: TokenMasks | None = None
+        self._masks_lock = threading.Lock()
+        self._compiler: ThreadPoolExecutor | None = None
         self._all_allowed: np.ndarray | None = None    # the unconstrained draft mask
 
     # -- the step --------------------------------------------------------------------
@@ -469,9 +473,18 @@ class ModelRunner:
     # -- structured outputs ----------------------------------------------------------
 
     def _token_masks(self) -> TokenMasks:
-        if self._masks is None:
-            self._masks = TokenMasks(self._vocabulary())
+        with self._masks_lock:             # prepare() may build them on its thread
+            if self._masks is None:
+                self._masks = TokenMasks(self._vocabulary())
         return self._masks
+
+    def prepare(self, constraint: StructuredOutputs) -> Future:
+        """Compile a request's grammar (the first time, the grammar vocabulary too) on a
+        thread of its own; the engine schedules the request when it is done, so the
+        step that first masks the request finds it compiled."""
+        if self._compiler is None:
+            self._compiler = ThreadPoolExecutor(1, thread_name_prefix="v4serve-grammar")
+        return self._compiler.submit(lambda: self._token_masks().vocabulary.matcher(constraint))
 
     def _vocabulary(self) -> Vocabulary:
         path = self.checkpoint / "tokenizer.json" if self.checkpoint else None
@@ -479,8 +492,8 @@ class ModelRunner:
             raise GrammarError("structured outputs need the checkpoint's tokenizer.json")
         eos = Tokenizer(self.checkpoint).eos_id
         config = self.spec.architecture.CONFIG
-        return Vocabulary(path, config["vocab_size"],
-                          config.get("eos_token_id") if eos is None else eos)
+        return Vocabulary.shared(path, config["vocab_size"],
+                                 config.get("eos_token_id") if eos is None else eos)
 
     def _masks_of(self, requests: list[Request]) -> np.ndarray | None:
         """[n, ceil(V / 32)] int32: each row's grammar mask for its next token (None: no
@@ -542,7 +555,8 @@ class ModelRunner:
             at += n * width + 2 * n
             logprobs = None
             if s.logits is not None:
-                logprobs, at = _unpack_logprobs(host, at, n, width, self.max_logprobs)
+                top = batch_sampler.top_width(self.max_logprobs, s.logits.shape[-1])
+                logprobs, at = _unpack_logprobs(host, at, n, width, top)
             for i, request in enumerate(s.requests):
                 results[request] = self._result(request, tokens[i, : count[i]], sound[i],
                                                 s.drafted, logprobs, i)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from runtime.grammar import StructuredOutputs
 
@@ -72,6 +73,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS
+
+    @cached_property
+    def stop_token_set(self) -> frozenset[int]:
+        """stop_token_ids as a set: the scheduler looks up every generated token."""
+        return frozenset(self.stop_token_ids)
 
     @property
     def penalized(self) -> bool:

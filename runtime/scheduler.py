@@ -504,7 +504,7 @@ class Scheduler:
         params = request.params
         if token == request.eos_token_id and not params.ignore_eos:
             return "stop", None
-        if token in params.stop_token_ids:
+        if token in params.stop_token_set:
             return "stop", token
         if len(request.output_ids) >= params.max_tokens \
                 or request.num_tokens >= self.config.max_model_len:

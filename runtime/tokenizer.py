@@ -10,6 +10,8 @@ from pathlib import Path
 from tokenizers import Encoding
 from tokenizers import Tokenizer as _HFTokenizer
 
+PREFIX_SLACK = 16      # tokens a prefix cut at a space may hold beyond the whole text's
+
 
 class Tokenizer:
     def __init__(self, directory: str | Path):
@@ -34,6 +36,39 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def exceeds(self, text: str, tokens: int) -> bool:
+        """Whether `text` certainly encodes to more than `tokens` tokens, found without
+        encoding more of it than that takes: by its size where the vocabulary bounds
+        the bytes a token stands for (max_token_bytes), else by encoding prefixes that
+        grow fourfold, each cut at a space (its tokens are the whole text's over it, but
+        for the edges: PREFIX_SLACK). So an overlong prompt costs O(tokens) to refuse."""
+        per_token = self.max_token_bytes
+        if per_token is not None:
+            return len(text.encode("utf-8", "surrogatepass")) > tokens * per_token
+        length = 8 * (tokens + PREFIX_SLACK)
+        while length < len(text):
+            cut = text.rfind(" ", length // 2, length)
+            prefix = text[: cut if cut > 0 else length]
+            if len(self.encode(prefix, add_special_tokens=False)) > tokens + PREFIX_SLACK:
+                return True
+            length *= 4
+        return False
+
+    @cached_property
+    def max_token_bytes(self) -> int | None:
+        """A bound on the UTF-8 bytes of text one token stands for, so that a text of B
+        bytes has at least B / max_token_bytes tokens; None where no such bound holds: a
+        normalizer may shrink text, or encoding loses some (a probe does not come back
+        from decode). Each token's own text, plus a byte for a space a decoder drops
+        from a token decoded alone. Computed once, on first use (a pass over the
+        vocabulary)."""
+        probe = "a b\n\t  c\r\x00\u00e9\u4f60\U0001f600 <eos> ｜x｜ 12,345."
+        if self._tok.normalizer is not None or self.decode(
+                self.encode(probe, add_special_tokens=False), False) != probe:
+            return None
+        return 1 + max(len(self._tok.decode([i], skip_special_tokens=False).encode())
+                       for i in range(self.vocab_size))
 
     def encode_segments(self, segments: Iterable[tuple[str, bool]],
                         add_special_tokens: bool = False) -> list[int]:

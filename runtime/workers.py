@@ -155,6 +155,12 @@ class Workers:
     def forget(self, request_id: str) -> None:
         self._forget.append(request_id)
 
+    def prepare(self, constraint) -> None:
+        """Nothing ahead of the step here: the rank that runs a constrained request
+        compiles its grammar when it first masks it (once per rank process: its
+        vocabulary keeps compiled grammars)."""
+        return None
+
     def _receive(self, kind: str):
         """The next message from rank 0, of `kind`; WorkerDied if a rank of this node
         exits first or rank 0 reports a failure."""

@@ -8,9 +8,11 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
+from functools import partial
 from types import ModuleType
 
 from starlette.applications import Starlette
@@ -57,6 +59,8 @@ class ServerState:
     api_key: str | None = None
     max_body_bytes: int = 8 << 20
     max_n: int | None = None          # most choices (n, best_of) per prompt; None: max_num_seqs
+    max_prompts: int = 256            # most prompts of one completion request
+    prep_threads: int = 4             # threads that parse, tokenize, render and compile
     compile_process: object = None    # the background compile of missing graphs, if any
     draining: bool = False
     in_flight: int = 0
@@ -65,9 +69,18 @@ class ServerState:
     metrics: Metrics = field(init=False)
     ids: itertools.count = field(default_factory=itertools.count)
     _vocabulary: Vocabulary | None = field(default=None, init=False)
+    _prep: ThreadPoolExecutor | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.metrics = Metrics(self.engine, self.model_name)
+
+    async def offload(self, fn: Callable, *args):
+        """fn(*args) on the preparation threads: the work a request costs before it runs
+        (JSON, validation, tokenization, chat rendering, grammar compilation) grows with
+        its size, and the event loop must keep every other stream flowing meanwhile."""
+        if self._prep is None:
+            self._prep = ThreadPoolExecutor(self.prep_threads, thread_name_prefix="v4serve-prep")
+        return await asyncio.get_running_loop().run_in_executor(self._prep, partial(fn, *args))
 
     def vocabulary(self) -> Vocabulary:
         """The tokenizer as the grammar engine sees it (built on first use): the server
@@ -77,8 +90,9 @@ class ServerState:
                 raise bad_request("structured outputs need the checkpoint's tokenizer")
             config = self.spec.architecture.CONFIG
             eos = self.tokenizer.eos_id
-            self._vocabulary = Vocabulary(self.tokenizer.path, config["vocab_size"],
-                                          config.get("eos_token_id") if eos is None else eos)
+            self._vocabulary = Vocabulary.shared(
+                self.tokenizer.path, config["vocab_size"],
+                config.get("eos_token_id") if eos is None else eos)
         return self._vocabulary
 
     @property
@@ -103,7 +117,7 @@ def build_app(state: ServerState) -> Starlette:
         Route("/detokenize", _guard(state, detokenize), methods=["POST"]),
         Route("/health", lambda r: health(state), methods=["GET"]),
         Route("/version", lambda r: JSONResponse({"version": VERSION}), methods=["GET"]),
-        Route("/server_info", lambda r: _info(state), methods=["GET"]),
+        Route("/server_info", lambda r: _info(state, r), methods=["GET"]),
         Route("/metrics", lambda r: Response(state.metrics.render(),
                                              media_type="text/plain; version=0.0.4"),
               methods=["GET"]),
@@ -186,7 +200,8 @@ async def _count_down(state: ServerState, body: AsyncIterator) -> AsyncIterator:
         state.in_flight -= 1
 
 
-async def _json(state: ServerState, request: Request) -> object:
+async def _body(state: ServerState, request: Request, model: type):
+    """The request body as `model`, parsed and validated off the event loop."""
     kind = request.headers.get("content-type", "").split(";")[0].strip()
     if kind != "application/json":
         raise bad_request(f"content-type must be application/json, got {kind or 'none'!r}")
@@ -195,7 +210,7 @@ async def _json(state: ServerState, request: Request) -> object:
         body += chunk
         if len(body) > state.max_body_bytes:
             raise bad_request(f"the request body exceeds {state.max_body_bytes} bytes")
-    return parse_json(bytes(body))
+    return await state.offload(lambda: parse(model, parse_json(bytes(body))))
 
 
 def _check_model(state: ServerState, name: str | None) -> None:
@@ -210,6 +225,7 @@ def _prompt_ids(state: ServerState, prompt: str | list[int], param: str = "promp
     if isinstance(prompt, str):
         if state.tokenizer is None:
             raise bad_request("this checkpoint has no tokenizer; send token ids", param)
+        _check_text_size(state, prompt, param)
         return state.tokenizer.encode(prompt)
     vocab = state.spec.architecture.CONFIG["vocab_size"]
     for i, t in enumerate(prompt):
@@ -217,6 +233,15 @@ def _prompt_ids(state: ServerState, prompt: str | list[int], param: str = "promp
             raise bad_request(f"token id {t} is outside the vocabulary [0, {vocab})",
                               f"{param}[{i}]")
     return prompt
+
+
+def _check_text_size(state: ServerState, text: str, param: str) -> None:
+    """A 400 for text too long to be a prompt here, found without encoding all of it
+    (Tokenizer.exceeds): refusing an 8 MiB prompt costs what max_model_len tokens do."""
+    if state.tokenizer.exceeds(text, state.max_model_len - 1):
+        raise bad_request(f"This model's maximum context length is {state.max_model_len} "
+                          f"tokens. However, your prompt has more ({len(text)} characters).",
+                          param)
 
 
 def _max_tokens(state: ServerState, requested: int | None, prompt_len: int, param: str) -> int:
@@ -244,7 +269,7 @@ async def _check_structured(state: ServerState, params: SamplingParams,
     if params.structured is None:
         return
     try:
-        await asyncio.to_thread(lambda: state.vocabulary().check(params.structured))
+        await state.offload(lambda: state.vocabulary().check(params.structured))
     except GrammarError as exc:
         raise bad_request(f"{field}: {exc}", field) from None
 
@@ -358,7 +383,7 @@ def _sse(payload: dict | str) -> bytes:
 
 
 async def completions(state: ServerState, request: Request) -> Response:
-    req = parse(CompletionRequest, await _json(state, request))
+    req = await _body(state, request, CompletionRequest)
     req.check_common(state.choice_limit)
     candidates = req.check_best_of(state.choice_limit)
     _check_model(state, req.model)
@@ -366,9 +391,13 @@ async def completions(state: ServerState, request: Request) -> Response:
         raise bad_request("echo with logprobs needs prompt log-probs, which this server "
                           "does not compute", "echo")
     given = req.prompts()
+    if len(given) > state.max_prompts:
+        raise bad_request(f"a request may carry at most {state.max_prompts} prompts, got "
+                          f"{len(given)}", "prompt")
     batched = isinstance(req.prompt, list) and not isinstance(req.prompt[0], int)
-    prompts = [_prompt_ids(state, p, f"prompt[{i}]" if batched else "prompt")
-               for i, p in enumerate(given)]
+    prompts = await state.offload(lambda: [
+        _prompt_ids(state, p, f"prompt[{i}]" if batched else "prompt")
+        for i, p in enumerate(given)])
     longest = max(len(p) for p in prompts)
     max_tokens = _max_tokens(state, req.max_tokens, longest, "max_tokens")
     # best_of ranks candidates by the log-probs of their tokens, so it always computes them
@@ -380,7 +409,8 @@ async def completions(state: ServerState, request: Request) -> Response:
         _validate(state, req, ids, params)
     base = f"cmpl-{next(state.ids)}-{int(time.time() * 1000)}"
     jobs = _jobs(prompts, params, candidates)
-    echo = [state.tokenizer.decode(p) if req.echo and state.tokenizer else "" for p in prompts]
+    echo = await state.offload(lambda: [state.tokenizer.decode(p) if req.echo and
+                                        state.tokenizer else "" for p in prompts])
     meta = {"id": base, "created": int(time.time()), "model": state.model_name}
     if req.stream:
         n, tok = req.n, state.tokenizer
@@ -456,14 +486,22 @@ async def _finished(state: ServerState, request: Request, base: str, jobs: list[
     return states
 
 
+def _chat_plan(state: ServerState, req: ChatCompletionRequest) -> chat.ChatPlan:
+    """The request's chat plan (rendered and tokenized), after a 400 for messages too
+    long to fit whatever the rendering adds."""
+    text = "\n".join(m.text() + "\n" + (m.reasoning_content or "") for m in req.messages)
+    _check_text_size(state, text, "messages")
+    return chat.plan(state.tokenizer, req, state.chat_options)
+
+
 async def chat_completions(state: ServerState, request: Request) -> Response:
-    req = parse(ChatCompletionRequest, await _json(state, request))
+    req = await _body(state, request, ChatCompletionRequest)
     req.check()
     req.check_common(state.choice_limit)
     _check_model(state, req.model)
     if state.tokenizer is None:
         raise bad_request("this checkpoint has no tokenizer, so chat is unavailable")
-    plan = chat.plan(state.tokenizer, req, state.chat_options)
+    plan = await state.offload(_chat_plan, state, req)
     ids = plan.prompt_ids
     requested = req.max_completion_tokens if req.max_completion_tokens is not None \
         else req.max_tokens
@@ -505,29 +543,33 @@ async def models(state: ServerState, request: Request) -> Response:
 
 
 async def tokenize(state: ServerState, request: Request) -> Response:
-    req = parse(TokenizeRequest, await _json(state, request))
+    req = await _body(state, request, TokenizeRequest)
     _check_model(state, req.model)
     if state.tokenizer is None:
         raise bad_request("this checkpoint has no tokenizer")
-    if req.messages is not None:
-        tools = [t.function.model_dump(exclude_none=True) for t in req.tools or []]
-        ids = chat.render(state.tokenizer, [m.as_dict() for m in req.messages],
-                          thinking=chat.thinking_of(req), effort=chat.effort_of(req),
-                          tools=tools, extra=req.chat_template_kwargs)
-    elif req.prompt is not None:
-        ids = state.tokenizer.encode(req.prompt)
-    else:
-        raise bad_request("give prompt or messages", "prompt")
+    ids = await state.offload(_tokenized, state, req)
     return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len})
 
 
+def _tokenized(state: ServerState, req: TokenizeRequest) -> list[int]:
+    """/tokenize's ids: the prompt's, or the chat prompt of the messages (and tools)."""
+    if req.messages is not None:
+        tools = [t.function.model_dump(exclude_none=True) for t in req.tools or []]
+        return chat.render(state.tokenizer, [m.as_dict() for m in req.messages],
+                           thinking=chat.thinking_of(req), effort=chat.effort_of(req),
+                           tools=tools, extra=req.chat_template_kwargs)
+    if req.prompt is not None:
+        return state.tokenizer.encode(req.prompt)
+    raise bad_request("give prompt or messages", "prompt")
+
+
 async def detokenize(state: ServerState, request: Request) -> Response:
-    req = parse(DetokenizeRequest, await _json(state, request))
+    req = await _body(state, request, DetokenizeRequest)
     _check_model(state, req.model)
     if state.tokenizer is None:
         raise bad_request("this checkpoint has no tokenizer")
     _prompt_ids(state, req.tokens, "tokens")
-    return JSONResponse({"prompt": state.tokenizer.decode(req.tokens)})
+    return JSONResponse({"prompt": await state.offload(state.tokenizer.decode, req.tokens)})
 
 
 def health(state: ServerState) -> Response:
@@ -536,7 +578,10 @@ def health(state: ServerState) -> Response:
     return Response(status_code=503)
 
 
-def _info(state: ServerState) -> Response:
+def _info(state: ServerState, request: Request) -> Response:
+    """/server_info names paths, hosts and pids: behind the API key when there is one."""
+    if state.api_key and not _authorized(request, state.api_key):
+        return _error(APIError(401, "missing or wrong API key", "AuthenticationError"))
     if not state.engine.ready:
         return _error(APIError(503, "the engine is still loading", "ServiceUnavailableError"))
     return JSONResponse(server_info(state))

@@ -47,6 +47,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "else $V4SERVE_API_KEY, else no key)")
     parser.add_argument("--max-body-bytes", type=_positive, default=8 << 20,
                         help="largest request body accepted, in bytes (default: 8 MiB)")
+    parser.add_argument("--max-prompts-per-request", type=_positive, default=256,
+                        help="most prompts one completion request may carry (a list of "
+                             "prompts; each starts n sequences) (default: 256)")
     parser.add_argument("--max-n", type=_positive, default=None,
                         help="most choices per prompt a request may ask for (n, best_of) "
                              "(default: --max-num-seqs)")
@@ -116,7 +119,8 @@ def make_server(args: argparse.Namespace):
                           args.enable_auto_tool_choice)
     state = ServerState(engine, spec, args.served_model_name or spec.SPEC_NAME,
                         api_key=api_key(args), max_body_bytes=args.max_body_bytes,
-                        max_n=args.max_n, compile_process=compiling, chat_options=options)
+                        max_n=args.max_n, max_prompts=args.max_prompts_per_request,
+                        compile_process=compiling, chat_options=options)
     config = uvicorn.Config(build_app(state), host=args.host, port=args.port,
                             log_level="info", timeout_graceful_shutdown=args.drain_timeout)
     server = DrainingServer(config, state, args.drain_timeout)

@@ -39,3 +39,15 @@ def import_fresh(root: Path, package: str):
         return importlib.import_module(package)
     finally:
         sys.path.remove(str(root))
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """torch on one thread for a module of tiny tensors (a second thread's wake-ups
+    cost more than the work); restored after it."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -25,19 +25,12 @@ from runtime.sampling_params import SamplingParams
 from runtime.sampling_state import SamplingState
 from tests.runtime import sampling_oracle as oracle
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 CPU = torch.device("cpu")
 ALPHA = 1e-6
 DRAWS = 20_000
 V = 16
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tensors here are tiny: a second thread's wake-ups cost more than the work."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @dataclass

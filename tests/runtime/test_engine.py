@@ -237,3 +237,26 @@ def test_the_seed_in_sampling_params_makes_a_request_repeatable(params):
     assert run(6) != first
     assert run(None) != run(None)
     assert_all_free(engine)
+
+
+def test_a_logit_bias_is_written_once_per_request_and_steers_every_step(params,
+                                                                         monkeypatch):
+    """A full-vocabulary bias becomes the request's dense row once, when it gets its
+    state slot, not once per step (runtime/sampling_state.py)."""
+    from runtime.sampling_state import SamplingState
+
+    writes, real = [], SamplingState._set_bias
+
+    def counted(self, state, bias):
+        writes.append(len(bias))
+        real(self, state, bias)
+
+    monkeypatch.setattr(SamplingState, "_set_bias", counted)
+    engine = make_engine(params)
+    favoured = 77
+    bias = tuple((t, 100.0 if t == favoured else -1.0) for t in range(512))
+    [out] = engine.generate([random_prompt(30, 1)], SamplingParams(
+        temperature=0, max_tokens=12, ignore_eos=True, logit_bias=bias))
+    assert out.output_ids == [favoured] * 12
+    assert writes == [512]
+    assert_all_free(engine)

@@ -27,6 +27,8 @@ from tests.model.support import reference_params
 from tests.runtime import sampling_oracle as oracle
 from tests.runtime.engine_support import assert_all_free, make_engine
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 CPU = torch.device("cpu")
 F32_MAX = float(np.finfo(np.float32).max)
 F32_TINY = float(np.finfo(np.float32).tiny)
@@ -34,15 +36,6 @@ F64_MAX = float(np.finfo(np.float64).max)
 VOCABS = (1, 2, 3, 8, 33)
 FAST = settings(max_examples=300, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tensors here are tiny: a second thread's wake-ups cost more than the work."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 # -- strategies -------------------------------------------------------------------------

@@ -118,3 +118,35 @@ def test_a_tokenizer_the_grammar_engine_cannot_read_is_a_clear_error():
     """The reference fixture's WordPiece vocabulary has no byte-level form."""
     with pytest.raises(GrammarError, match="cannot read this checkpoint's tokenizer"):
         Vocabulary(FIXTURE / "tokenizer.json", 512, None)
+
+
+def test_a_grammar_compiles_once_off_the_step_for_every_request_using_it(params,
+                                                                          monkeypatch):
+    """Three requests with one constraint: one compile, on the runner's grammar thread
+    (the engine schedules them when it is done), never on the thread that steps; each
+    request follows its own copy of the compiled matcher."""
+    import threading
+
+    import llguidance
+
+    real, threads = llguidance.LLMatcher, []
+
+    def spy(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    for name in ("grammar_from_json_schema", "grammar_from_regex", "grammar_from_lark"):
+        setattr(spy, name, getattr(real, name))
+    monkeypatch.setattr(llguidance, "LLMatcher", spy)
+    # a schema no other test compiles (the vocabulary's compiled grammars outlive engines)
+    schema = dict(SCHEMA, properties=dict(SCHEMA["properties"], once={"type": "null"}))
+    constrained = SamplingParams(temperature=0, max_tokens=60,
+                                 structured=StructuredOutputs(json=json.dumps(schema)))
+    engine = make_engine(params, num_speculative_tokens=1, backend="torch")
+    outputs = engine.generate([random_prompt(30 + i, i) for i in range(3)], constrained)
+    assert threads and all(name.startswith("v4serve-grammar") for name in threads)
+    assert len(threads) == 1
+    for out in outputs:
+        assert out.finish_reason == "stop"
+        jsonschema.validate(json.loads(out.text), schema)
+    assert_all_free(engine)

@@ -54,7 +54,7 @@ class ServerProcess:
     """`python -m server` on the reference fixture, as a user starts it (the engine in a
     core process of its own), healthy on entry; killed on exit if still running."""
 
-    def __init__(self, *flags: str):
+    def __init__(self, *flags: str, env: dict[str, str] | None = None):
         import os
         import subprocess
         import sys
@@ -68,7 +68,7 @@ class ServerProcess:
              str(REPO / "tests/fixtures/v4-tiny"), "--port", str(self.port),
              "--served-model-name", "tiny", *flags],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONPATH": str(REPO)})
+            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
 
     def __enter__(self) -> ServerProcess:
         import httpx

@@ -66,6 +66,10 @@ _RANGES = [   # (id, field text, param) for both endpoints
     ("repetition_penalty-zero", '"repetition_penalty": 0', "repetition_penalty"),
     ("presence_penalty-3", '"presence_penalty": 3', "presence_penalty"),
     ("frequency_penalty--3", '"frequency_penalty": -3', "frequency_penalty"),
+    # the limits on per-token work (--max-stop-strings, --max-stop-token-ids)
+    ("stop-65-strings", '"stop": ' + json.dumps([f"s{i}" for i in range(65)]), "stop"),
+    ("stop-string-1025-chars", '"stop": ' + json.dumps(["x" * 1025]), "stop"),
+    ("stop_token_ids-1025", '"stop_token_ids": ' + json.dumps([7] * 1025), "stop_token_ids"),
 ]
 _C, _CH = "/v1/completions", "/v1/chat/completions"
 _BODIES = [
@@ -99,6 +103,11 @@ _BODIES = [
      b'[{"type": "image_url", "image_url": {"url": "x"}}]}]}', "messages"),
     ("role-int", _CH, b'{"messages": [{"role": 5, "content": "t5"}]}', "messages[0].role"),
     ("prompt-id-outside-vocab", _C, b'{"prompt": [5, 999999]}', "prompt[1]"),
+    # more prompts than --max-prompts-per-request; text refused for its size, unencoded
+    ("prompts-257", _C, json.dumps({"prompt": ["t5"] * 257}).encode(), "prompt"),
+    ("prompt-4-MiB", _C, b'{"prompt": "' + b"t5 " * (4 << 18) + b'"}', "prompt"),
+    ("messages-4-MiB", _CH, b'{"messages": [{"role": "user", "content": "'
+     + b"t5 " * (4 << 18) + b'"}]}', "messages"),
     ("batch-prompt-id-outside-vocab", _C, b'{"prompt": [[5], [5, -1]]}', "prompt[1][1]"),
 ]
 CASES = _cases()

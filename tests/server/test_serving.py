@@ -87,7 +87,10 @@ def test_health_info_version_and_auth(params):
     with LiveServer(params, api_key="s3cret") as live:
         assert httpx.get(f"{live.url}/health").status_code == 200
         assert httpx.get(f"{live.url}/version").json()["version"]
-        info = httpx.get(f"{live.url}/server_info").json()
+        # /server_info names paths, hosts and pids: behind the key
+        assert httpx.get(f"{live.url}/server_info").status_code == 401
+        info = httpx.get(f"{live.url}/server_info",
+                         headers={"authorization": "Bearer s3cret"}).json()
         assert info["spec"] == "reference" and info["topology"]["ranks"] == 8
         assert info["decode_layouts"]["1"]["kernel"] == "decode_b4s2"
         assert info["pool_capacity"]["tokens_per_rank"] > 0 and info["mtp"]["enabled"]
