@@ -77,8 +77,8 @@ def _top_p(probs: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """Drop tokens whose mass strictly above them reaches p; the most likely token stays
     whatever p is (a p that rounds to 0 in float32 keeps it alone)."""
     ordered, order = probs.sort(dim=-1, descending=True)
-    cut = (ordered.cumsum(-1) - ordered) >= p[:, None]
-    cut[:, 0] = False
+    cut = ((ordered.cumsum(-1) - ordered) >= p[:, None]) & (p < 1)[:, None]   # float32 sums
+    cut[:, 0] = False                                                           # reach 1 early
     drop = torch.zeros_like(probs, dtype=torch.bool).scatter(1, order, cut)
     return probs.masked_fill(drop, 0)
 

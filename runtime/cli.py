@@ -43,9 +43,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu | cuda | npu (default: the spec's)")
     parser.add_argument("--max-logprobs", type=int, default=20,
                         help="most top log-probs a request may ask for (default: 20)")
-    parser.add_argument("--max-stop-strings", type=int, default=64,
+    parser.add_argument("--max-stop-strings", type=positive_int, default=64,
                         help="most stop strings a request may give (default: 64)")
-    parser.add_argument("--max-stop-token-ids", type=int, default=1024,
+    parser.add_argument("--max-stop-token-ids", type=positive_int, default=1024,
                         help="most stop token ids a request may give (default: 1024)")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="run the compiled backend's graphs without compiling them")
@@ -86,6 +86,13 @@ def add_memory_args(parser: argparse.ArgumentParser, required: bool = False) -> 
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                         help="share of the device memory v4serve may use, where one is "
                              "known (--device-memory, or mp on cuda) (default: 0.9)")
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def parse_bytes(text: str) -> int:

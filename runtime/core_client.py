@@ -156,7 +156,7 @@ class CoreClient:
                                             detok)
         try:
             self._send(Add(request_id, list(prompt), params))
-        except EngineDeadError:
+        except BaseException:
             self._streams.pop(request_id, None)
             raise
         async for item in consume(queue, request_id, self.abort):

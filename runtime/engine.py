@@ -167,7 +167,8 @@ class Engine:
         s, sched = self.stats, self.scheduler
         pool = sched.pool
         return {
-            "running": sched.num_running, "waiting": len(sched.waiting),
+            "running": sched.num_running,
+            "waiting": len(sched.waiting) + len(self._preparing),   # grammars compiling too
             "kv_usage": max((pool.usage(r) for r in range(pool.ranks)), default=0.0),
             "pool_usage": {f"{group}/{rank}": pool.used(rank, group) / total if total else 0.0
                            for rank in range(pool.ranks)
@@ -194,9 +195,8 @@ class Engine:
         }
 
     def close(self) -> None:
-        """Stop the rank workers (mp); nothing to do in one process."""
-        if self.multiprocess:
-            self.runner.close()
+        """Stop the runner: its rank workers (mp), or its grammar thread."""
+        self.runner.close()
 
     @classmethod
     def build(cls, config: EngineConfig) -> Engine:
@@ -241,11 +241,7 @@ class Engine:
         reason = self.scheduler.check(request)
         if reason:
             raise ValueError(reason)
-        compiling = self.runner.prepare(request.params.structured)
-        if compiling is None:                     # this runner compiles in the step
-            self.scheduler.add(request)
-        else:
-            self._preparing[request] = compiling
+        self._preparing[request] = self.runner.prepare(request.params.structured)
 
     def validate(self, ids: list[int], params: SamplingParams) -> None:
         """InvalidParam if a request of these ids and params could never run here."""
@@ -258,7 +254,9 @@ class Engine:
     def abort(self, request_id: str) -> None:
         request = self.requests.get(request_id)
         if request is not None and not request.finished:
-            self._preparing.pop(request, None)
+            compiling = self._preparing.pop(request, None)
+            if compiling is not None:
+                compiling.cancel()            # if it has not started
             self.scheduler.finish(request, "abort")
             self._forget(request)
 
@@ -269,6 +267,8 @@ class Engine:
 
     def step(self) -> list[RequestOutput]:
         failed = self._prepared()
+        if not self.scheduler.has_work():         # only grammars compiling
+            return failed
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         self.stats.schedule_seconds += time.perf_counter() - t0
@@ -288,6 +288,7 @@ class Engine:
                 continue
             del self._preparing[request]
             if compiling.exception() is None:
+                self.runner.adopt(request, compiling.result())
                 self.scheduler.add(request)
             else:
                 failed.append(self._fail(request, compiling.exception()))

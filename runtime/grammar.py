@@ -16,7 +16,6 @@ import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, fields
-from functools import cache
 from pathlib import Path
 
 import llguidance
@@ -30,6 +29,8 @@ ANY_OBJECT = '{"type": "object"}'
 # ~20 ms; a pathological regex reached seconds): a mask step's own budget stays default
 LIMITS = llguidance.LLParserLimits(initial_lexer_fuel=300_000)
 COMPILED = 64           # compiled grammars a vocabulary keeps (agents resend their schemas)
+_SHARED: dict[tuple, Vocabulary] = {}
+_SHARED_LOCK = threading.Lock()
 
 
 class GrammarError(ValueError):
@@ -98,9 +99,14 @@ class Vocabulary:
         self._lock = threading.Lock()
 
     @staticmethod
-    @cache
     def shared(tokenizer_json: Path, vocab_size: int, eos_id: int | None) -> Vocabulary:
-        return Vocabulary(tokenizer_json, vocab_size, eos_id)
+        """The process's vocabulary of these arguments, built by the first caller (the
+        others wait for it)."""
+        key = (Path(tokenizer_json), vocab_size, eos_id)
+        with _SHARED_LOCK:
+            if key not in _SHARED:
+                _SHARED[key] = Vocabulary(*key)
+            return _SHARED[key]
 
     def check(self, constraint: StructuredOutputs) -> None:
         """GrammarError if the constraint does not compile for this vocabulary, or cannot
@@ -192,6 +198,10 @@ class TokenMasks:
                 if not ahead.is_error():
                     out[i] = mask
         return out
+
+    def adopt(self, request_id: str, matcher: llguidance.LLMatcher) -> None:
+        """A fresh matcher (Vocabulary.matcher) compiled ahead for the request."""
+        self._followers[request_id] = _Follower(matcher)
 
     def forget(self, request_id: str) -> None:
         self._followers.pop(request_id, None)

@@ -480,11 +480,20 @@ class ModelRunner:
 
     def prepare(self, constraint: StructuredOutputs) -> Future:
         """Compile a request's grammar (the first time, the grammar vocabulary too) on a
-        thread of its own; the engine schedules the request when it is done, so the
-        step that first masks the request finds it compiled."""
+        thread of its own. The future's result is the request's matcher: the engine
+        hands it back with `adopt` and schedules the request, so no step compiles."""
         if self._compiler is None:
             self._compiler = ThreadPoolExecutor(1, thread_name_prefix="v4serve-grammar")
         return self._compiler.submit(lambda: self._token_masks().vocabulary.matcher(constraint))
+
+    def adopt(self, request: Request, prepared) -> None:
+        """The matcher `prepare` compiled becomes the request's."""
+        self._token_masks().adopt(request.request_id, prepared)
+
+    def close(self) -> None:
+        """Stop the grammar thread (compiles not started are dropped)."""
+        if self._compiler is not None:
+            self._compiler.shutdown(wait=False, cancel_futures=True)
 
     def _vocabulary(self) -> Vocabulary:
         path = self.checkpoint / "tokenizer.json" if self.checkpoint else None

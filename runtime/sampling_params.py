@@ -14,6 +14,7 @@ from runtime.grammar import StructuredOutputs
 
 SAMPLING_EPS = 1e-5        # a temperature below this is greedy (vLLM's rule)
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1      # a signed 64-bit seed, as vLLM accepts
+INT64_MAX = 2**63 - 1     # integers travel as int64 (msgpack to the engine core, tensors)
 MAX_LOGIT_BIAS = 100.0     # OpenAI's range for logit_bias values
 
 
@@ -55,8 +56,9 @@ class SamplingParams:
             value = getattr(self, name)
             if not _in_range(value, low, high, low_open):
                 yield name, f"{name} must be {_describe(low, high, low_open)}, got {value}"
-        if not _is_int(self.top_k) or self.top_k < -1:
-            yield "top_k", f"top_k must be -1 or 0 (off) or at least 1, got {self.top_k}"
+        if not _is_int(self.top_k) or not -1 <= self.top_k <= INT64_MAX:
+            yield "top_k", (f"top_k must be -1 or 0 (off) or an integer in [1, {INT64_MAX}], "
+                            f"got {self.top_k}")
         if self.seed is not None and not (_is_int(self.seed) and SEED_MIN <= self.seed
                                           <= SEED_MAX):
             yield "seed", f"seed must be an integer in [{SEED_MIN}, {SEED_MAX}], got {self.seed}"

@@ -21,7 +21,7 @@ preemption), never per step:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -96,10 +96,10 @@ class SamplingState:
 
     def row_params(self, params: list[SamplingParams], seeds: list[int], counters: list[int],
                    states: list[int]) -> RowParams:
-        bias = None
+        rows = row_params(params, seeds, counters, states, self.device)
         if self.bias is not None and any(p.logit_bias for p in params):
-            bias = self.bias[torch.tensor(states, device=self.device)]
-        return row_params(params, seeds, counters, states, self.device, bias)
+            rows = replace(rows, bias=self.bias[rows.state])
+        return rows
 
     def penalties(self, rows: RowParams) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(output counts [N, V], tokens of prompt or output [N, V]) of the rows, or

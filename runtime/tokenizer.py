@@ -37,6 +37,10 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def spells_added_token(self, text: str) -> bool:
+        """Whether `text` holds the text of an added (control) token."""
+        return self._added_pattern.search(text) is not None
+
     def exceeds(self, text: str, tokens: int) -> bool:
         """Whether `text` certainly encodes to more than `tokens` tokens, found without
         encoding more of it than that takes: by its size where the vocabulary bounds
@@ -44,8 +48,8 @@ class Tokenizer:
         grow fourfold, each cut at a space (its tokens are the whole text's over it, but
         for the edges: PREFIX_SLACK). So an overlong prompt costs O(tokens) to refuse."""
         per_token = self.max_token_bytes
-        if per_token is not None:
-            return len(text.encode("utf-8", "surrogatepass")) > tokens * per_token
+        if per_token and len(text.encode("utf-8", "surrogatepass")) > tokens * per_token:
+            return True
         length = 8 * (tokens + PREFIX_SLACK)
         while length < len(text):
             cut = text.rfind(" ", length // 2, length)
@@ -58,14 +62,16 @@ class Tokenizer:
     @cached_property
     def max_token_bytes(self) -> int | None:
         """A bound on the UTF-8 bytes of text one token stands for, so that a text of B
-        bytes has at least B / max_token_bytes tokens; None where no such bound holds: a
-        normalizer may shrink text, or encoding loses some (a probe does not come back
-        from decode). Each token's own text, plus a byte for a space a decoder drops
-        from a token decoded alone. Computed once, on first use (a pass over the
-        vocabulary)."""
-        probe = "a b\n\t  c\r\x00\u00e9\u4f60\U0001f600 <eos> ｜x｜ 12,345."
-        if self._tok.normalizer is not None or self.decode(
-                self.encode(probe, add_special_tokens=False), False) != probe:
+        bytes has at least B / max_token_bytes tokens: for a byte-level vocabulary (a
+        ByteLevel decoder, no normalizer), where every byte of the text is in exactly
+        one token, each token's own text plus a byte; None for others (a normalizer may
+        shrink text, an unknown token may stand for any run of it). Computed once, on
+        first use (a pass over the vocabulary)."""
+        spec = json.loads(self._tok.to_str())
+        normalizer, decoder = spec.get("normalizer"), spec.get("decoder") or {}
+        decoders = decoder.get("decoders") or [decoder]
+        if normalizer not in (None, {"type": "Sequence", "normalizers": []}) \
+                or not any(d.get("type") == "ByteLevel" for d in decoders):
             return None
         return 1 + max(len(self._tok.decode([i], skip_special_tokens=False).encode())
                        for i in range(self.vocab_size))

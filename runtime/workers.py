@@ -23,10 +23,12 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from concurrent.futures import Future
 from dataclasses import asdict, replace
 
 import zmq
 
+from runtime.grammar import StructuredOutputs
 from runtime.model_runner import StepResult, Timing, prefill_extents
 from runtime.parent_watch import arm_death_signal
 from runtime.request import Request
@@ -155,11 +157,16 @@ class Workers:
     def forget(self, request_id: str) -> None:
         self._forget.append(request_id)
 
-    def prepare(self, constraint) -> None:
-        """Nothing ahead of the step here: the rank that runs a constrained request
-        compiles its grammar when it first masks it (once per rank process: its
-        vocabulary keeps compiled grammars)."""
-        return None
+    def prepare(self, constraint: StructuredOutputs) -> Future:
+        """Nothing ahead of the step here (a done future): the rank that runs a
+        constrained request compiles its grammar when it first masks it, once per rank
+        process (its vocabulary keeps compiled grammars)."""
+        done: Future = Future()
+        done.set_result(None)
+        return done
+
+    def adopt(self, request: Request, prepared) -> None:
+        """Nothing to hand over: the rank compiles for itself."""
 
     def _receive(self, kind: str):
         """The next message from rank 0, of `kind`; WorkerDied if a rank of this node

@@ -274,9 +274,13 @@ async def _check_structured(state: ServerState, params: SamplingParams,
         raise bad_request(f"{field}: {exc}", field) from None
 
 
-def _validate(state: ServerState, req, ids: list[int], params: SamplingParams) -> None:
+def _validate(state: ServerState, req, prompts: list[list[int]],
+              params: SamplingParams) -> None:
+    """The engine's checks of each prompt's ids with these params (a pass over every id:
+    call it on the preparation threads); a 400 under the endpoint's field names."""
     try:
-        state.engine.admission.validate(ids, params)
+        for ids in prompts:
+            state.engine.admission.validate(ids, params)
     except InvalidParam as exc:
         raise req.invalid(exc) from None
 
@@ -405,12 +409,12 @@ async def completions(state: ServerState, request: Request) -> Response:
     params = req.sampling(max_tokens, 0 if ranked and req.logprobs is None else req.logprobs,
                           req.structured())
     await _check_structured(state, params, req.structured_source())
-    for ids in prompts:
-        _validate(state, req, ids, params)
+    await state.offload(_validate, state, req, prompts, params)
     base = f"cmpl-{next(state.ids)}-{int(time.time() * 1000)}"
     jobs = _jobs(prompts, params, candidates)
-    echo = await state.offload(lambda: [state.tokenizer.decode(p) if req.echo and
-                                        state.tokenizer else "" for p in prompts])
+    echo = [""] * len(prompts)
+    if req.echo and state.tokenizer:
+        echo = await state.offload(lambda: [state.tokenizer.decode(p) for p in prompts])
     meta = {"id": base, "created": int(time.time()), "model": state.model_name}
     if req.stream:
         n, tok = req.n, state.tokenizer
@@ -486,14 +490,6 @@ async def _finished(state: ServerState, request: Request, base: str, jobs: list[
     return states
 
 
-def _chat_plan(state: ServerState, req: ChatCompletionRequest) -> chat.ChatPlan:
-    """The request's chat plan (rendered and tokenized), after a 400 for messages too
-    long to fit whatever the rendering adds."""
-    text = "\n".join(m.text() + "\n" + (m.reasoning_content or "") for m in req.messages)
-    _check_text_size(state, text, "messages")
-    return chat.plan(state.tokenizer, req, state.chat_options)
-
-
 async def chat_completions(state: ServerState, request: Request) -> Response:
     req = await _body(state, request, ChatCompletionRequest)
     req.check()
@@ -501,7 +497,8 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
     _check_model(state, req.model)
     if state.tokenizer is None:
         raise bad_request("this checkpoint has no tokenizer, so chat is unavailable")
-    plan = await state.offload(_chat_plan, state, req)
+    plan = await state.offload(chat.plan, state.tokenizer, req, state.chat_options,
+                               state.max_model_len - 1)
     ids = plan.prompt_ids
     requested = req.max_completion_tokens if req.max_completion_tokens is not None \
         else req.max_tokens
@@ -511,7 +508,7 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
     params = req.sampling(max_tokens, top, plan.structured)
     await _check_structured(state, params, "tool_choice" if plan.tool_mode in (
         "named", "required") else req.structured_source())
-    _validate(state, req, ids, params)
+    await state.offload(_validate, state, req, [ids], params)
 
     def reader() -> ChatOutput:
         return ChatOutput(plan, state.chat_options)
@@ -568,8 +565,9 @@ async def detokenize(state: ServerState, request: Request) -> Response:
     _check_model(state, req.model)
     if state.tokenizer is None:
         raise bad_request("this checkpoint has no tokenizer")
-    _prompt_ids(state, req.tokens, "tokens")
-    return JSONResponse({"prompt": await state.offload(state.tokenizer.decode, req.tokens)})
+    text = await state.offload(lambda: state.tokenizer.decode(
+        _prompt_ids(state, req.tokens, "tokens")))
+    return JSONResponse({"prompt": text})
 
 
 def health(state: ServerState) -> Response:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -58,7 +58,10 @@ class ChatPlan:
     structured: StructuredOutputs | None = None
 
 
-def plan(tokenizer: Tokenizer, req: ChatCompletionRequest, options: ChatOptions) -> ChatPlan:
+def plan(tokenizer: Tokenizer, req: ChatCompletionRequest, options: ChatOptions,
+         limit: int | None = None) -> ChatPlan:
+    """The request's prompt and how to read its output; a 400 when the prompt certainly
+    holds more than `limit` tokens (found before it is encoded whole)."""
     mode, name = _tool_mode(req, options)
     structured = _tool_constraint(req, mode, name)
     asked = req.structured()
@@ -70,7 +73,8 @@ def plan(tokenizer: Tokenizer, req: ChatCompletionRequest, options: ChatOptions)
     tools = [t.function.model_dump(exclude_none=True) for t in req.tools or []] \
         if mode != "none" else []
     ids = render(tokenizer, [m.as_dict() for m in req.messages], thinking=thinking,
-                 effort=effort_of(req), tools=tools, extra=req.chat_template_kwargs)
+                 effort=effort_of(req), tools=tools, extra=req.chat_template_kwargs,
+                 limit=limit)
     return ChatPlan(ids, thinking, mode, name, structured)
 
 
@@ -98,8 +102,9 @@ def effort_of(req) -> str | None:
 
 def render(tokenizer: Tokenizer, messages: list[dict], *, thinking: bool = False,
            effort: str | None = None, tools: list[dict] | None = None,
-           extra: dict | None = None) -> list[int]:
-    """Token ids of the conversation, ending with the assistant's turn to speak."""
+           extra: dict | None = None, limit: int | None = None) -> list[int]:
+    """Token ids of the conversation, ending with the assistant's turn to speak; a 400
+    when the rendered prompt certainly holds more than `limit` tokens."""
     if v4_encoding.is_v4_vocab(tokenizer.token_id):
         try:
             segments = v4_encoding.encode_segments(
@@ -108,8 +113,16 @@ def render(tokenizer: Tokenizer, messages: list[dict], *, thinking: bool = False
         except (ValueError, RecursionError) as exc:
             raise bad_request(f"the messages do not fit the V4 chat format: {exc}",
                               "messages") from None
+        _check_size(tokenizer, "".join(text for text, _ in segments), limit)
         return tokenizer.encode_segments(segments)
-    return _render_template(tokenizer, messages, thinking, tools, extra)
+    return _render_template(tokenizer, messages, thinking, tools, extra, limit)
+
+
+def _check_size(tokenizer: Tokenizer, prompt: str, limit: int | None) -> None:
+    if limit is not None and tokenizer.exceeds(prompt, limit):
+        raise bad_request(f"the conversation renders to a prompt of more than {limit} "
+                          f"tokens, the most this model's context leaves a prompt "
+                          f"({len(prompt)} characters)", "messages")
 
 
 # Strings a template compares rather than prints: left unmarked
@@ -117,18 +130,37 @@ UNMARKED = ("role", "type")
 
 
 def _render_template(tokenizer: Tokenizer, messages: list[dict], thinking: bool,
-                     tools: list[dict] | None, extra: dict | None) -> list[int]:
+                     tools: list[dict] | None, extra: dict | None,
+                     limit: int | None) -> list[int]:
     variables = {**(extra or {}), "thinking": thinking, "enable_thinking": thinking}
     fill = partial(_fill, tokenizer, variables)
     tools = [{"type": "function", "function": t} for t in tools or []] or None
     text = fill(messages, tools)
+    _check_size(tokenizer, text, limit)
     segments = _marked(fill, messages, tools, text)
     add_special_tokens = tokenizer.chat_template is None
-    if segments is None:
-        # content cannot be told from markup: the whole text is tokenized as it always
-        # was, added tokens recognized anywhere (in the client's text too)
-        return tokenizer.encode(text, add_special_tokens=add_special_tokens)
-    return tokenizer.encode_segments(segments, add_special_tokens=add_special_tokens)
+    if segments is not None:
+        return tokenizer.encode_segments(segments, add_special_tokens=add_special_tokens)
+    # content cannot be told from markup (the template changed the client's text): the
+    # whole text is encoded, so no client string may spell an added token
+    if any(tokenizer.spells_added_token(s) for s in _strings([messages, tools])):
+        raise bad_request("the messages spell a control token of this checkpoint, and its "
+                          "chat template changes message text, so the server cannot keep "
+                          "it from acting as one; leave it out", "messages")
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+
+def _strings(value):
+    """Every string in a JSON-like value, dict keys included."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from _strings(item)
 
 
 def _marked(fill: Callable[..., str], messages: list[dict], tools: list[dict] | None,
@@ -150,14 +182,20 @@ def _marked(fill: Callable[..., str], messages: list[dict], tools: list[dict] | 
 
 def _fill(tokenizer: Tokenizer, variables: dict, messages: list[dict],
           tools: list[dict] | None) -> str:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     try:
-        return env.from_string(tokenizer.chat_template or FALLBACK).render(
+        return _template(tokenizer.chat_template or FALLBACK).render(
             messages=messages, add_generation_prompt=True,
             bos_token=tokenizer.config.get("bos_token") or "",
             eos_token=tokenizer.config.get("eos_token") or "", **{**variables, "tools": tools})
     except Exception as exc:   # a template may raise on purpose (e.g. role order)
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from None
+
+
+@lru_cache(maxsize=8)
+def _template(source: str):
+    """A chat template, compiled once."""
+    return ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(
+        source)
 
 
 # -- tools -----------------------------------------------------------------------------

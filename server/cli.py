@@ -15,7 +15,7 @@ import subprocess
 import time
 
 from runtime import plan_report
-from runtime.cli import add_engine_args
+from runtime.cli import add_engine_args, positive_int
 
 log = logging.getLogger("v4serve")
 
@@ -45,12 +45,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=None,
                         help="require 'Authorization: Bearer KEY' (default: $VLLM_API_KEY, "
                              "else $V4SERVE_API_KEY, else no key)")
-    parser.add_argument("--max-body-bytes", type=_positive, default=8 << 20,
+    parser.add_argument("--max-body-bytes", type=positive_int, default=8 << 20,
                         help="largest request body accepted, in bytes (default: 8 MiB)")
-    parser.add_argument("--max-prompts-per-request", type=_positive, default=256,
+    parser.add_argument("--max-prompts-per-request", type=positive_int, default=256,
                         help="most prompts one completion request may carry (a list of "
                              "prompts; each starts n sequences) (default: 256)")
-    parser.add_argument("--max-n", type=_positive, default=None,
+    parser.add_argument("--max-n", type=positive_int, default=None,
                         help="most choices per prompt a request may ask for (n, best_of) "
                              "(default: --max-num-seqs)")
     parser.add_argument("--drain-timeout", type=float, default=60.0,
@@ -68,13 +68,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="run the engine in a thread of the server process instead of "
                              "an engine-core process of its own (slower; for debugging)")
     parser.set_defaults(func=run)
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def api_key(args: argparse.Namespace) -> str | None:

@@ -116,7 +116,7 @@ def _generate(capsys, *args: str) -> tuple[int, str]:
     (("--repetition-penalty=-inf",), "--repetition-penalty: repetition_penalty must be"),
     (("--presence-penalty", "3"), "--presence-penalty: presence_penalty must be"),
     (("--seed", str(2**80)), "--seed: seed must be an integer in"),
-    (("--top-k", "-2"), "--top-k: top_k must be -1 or 0 (off) or at least 1"),
+    (("--top-k", "-2"), "--top-k: top_k must be -1 or 0 (off) or an integer in [1, "),
     (("--stop", ""), "--stop: stop must hold non-empty strings only"),
     (("--max-tokens", "0"), "--max-tokens: max_tokens must be at least 1"),
     (("--prompt-ids", "5,x"), "--prompt-ids '5,x': give comma-separated token ids"),

@@ -190,7 +190,6 @@ def test_every_page_is_free_or_cached_once_requests_end():
     assert sum(pool.cached_blocks(r) for r in range(8)) > 0
 
 
-
 # pools of blocks of 4 tokens: a full group and a ring of two 4-row pages
 TOY_FORMULAS = {"kv": lambda n: -(-n // 4), "ring": lambda n: min(2, -(-n // 4))}
 TOY_LAYOUT = Layout(block_size=4, lookahead=0, full=("kv",), ring={"ring": (4, 2)}, reach=4)
@@ -212,17 +211,18 @@ def test_a_page_a_pending_save_reads_goes_to_nobody_before_the_copy(lengths, kv,
                       SlotTable(1, 4), TOY_LAYOUT)
     for i, n in enumerate(lengths):
         sched.add(_request(list(range(100 + 10 * i, 100 + 10 * i + n)), max_tokens=10))
-    fresh: dict = {}
+    handed: dict = {}       # (group, page) -> the request a page went to in the last step
     finals = 0
     for _ in range(100):
         if not sched.has_work():
             break
         out = sched.schedule()
-        for save in out.saves:
-            if save.request.status is not Status.RUNNING:     # planned in the last step
-                finals += 1
-                assert not [c for c in save.copies if c.src in fresh.get((0, c.group), ())]
-        fresh = out.fresh_blocks
+        for save in out.saves:                     # they run first in the step
+            finals += save.request.status is not Status.RUNNING      # an ended one's
+            assert all(handed.get((c.group, c.src), save.request) is save.request
+                       for c in save.copies)
+        handed = {(g, page): r for r in sched.running[0] for g, ids in r.blocks.items()
+                  for page in ids if page in out.fresh_blocks.get((0, g), ())}
         results = {r: [7] for launch in out.decode for r in launch}
         results.update({ch.request: [7] for ch in out.prefill if ch.terminal})
         sched.commit(out, results)

@@ -55,7 +55,7 @@ def sampling_params(vocab: int, max_logprobs: int = 40):
                                    1.0, 1e30, F32_MAX, 1e308, F64_MAX]),
             st.floats(0.05, 5.0)),
         top_k=st.one_of(st.sampled_from([-1, 0, 1, vocab - 1, vocab, vocab + 1, 10**9,
-                                         10**18]), st.integers(-1, vocab + 2)),
+                                         10**18, 2**63 - 1]), st.integers(-1, vocab + 2)),
         top_p=_floats(0.0, 1.0, [5e-324, 1e-300, 1e-10, 0.5, 1.0], exclude_min=True),
         min_p=_floats(0.0, 1.0, [0.0, 5e-324, 1e-300, 0.5, 1.0]),
         presence_penalty=_floats(-2.0, 2.0, [-2.0, 0.0, 2.0]),
@@ -262,8 +262,7 @@ def _run(engine, hostile: list[tuple[list[int], SamplingParams]]):
         final.update({o.request_id: o for o in engine.step() if o.finished})
     for request_id, params in taken.items():
         out = final[request_id]
-        assert out.finish_reason in ("stop", "length") or (
-            out.finish_reason == "error" and out.error), out
+        assert out.finish_reason in ("stop", "length"), out      # valid params run
         assert len(out.output_ids) <= params.max_tokens
         assert out.finish_reason != "length" or len(out.output_ids) == params.max_tokens
     assert_all_free(engine)
@@ -274,7 +273,7 @@ NAN, INF = float("nan"), float("inf")
 # values out of a field's domain (InvalidParam), or that only the engine refuses
 REFUSED = {
     "temperature": [-1.0, -5e-324, NAN, INF, -INF, None, "1"],
-    "top_k": [-2, -10**30, 1.5, None],
+    "top_k": [-2, -10**30, 2**63, 10**30, 1.5, None],
     "top_p": [0.0, -0.0, 1.0000001, NAN, INF],
     "min_p": [-0.1, 1.0000001, NAN],
     "presence_penalty": [2.5, -INF, NAN],

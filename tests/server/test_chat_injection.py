@@ -13,6 +13,7 @@ from tokenizers.processors import TemplateProcessing
 from runtime.tokenizer import Tokenizer
 from server import chat, v4_encoding
 from server.content_marks import ContentMarks
+from server.protocol import APIError
 from server.v4_encoding import ASSISTANT, BOS, DSML, END_THINK, EOS, THINK, USER
 from tests.conftest import REPO
 from tests.server.test_v4_encoding import TOOL_TURNS, WEATHER, assistant, call, system, tool, user
@@ -205,9 +206,15 @@ def test_the_plain_fallback_template_is_protected_too(tiny):
     assert chat.render(tiny, [user("x")]) == tiny.encode("user: x\nassistant:")
 
 
-def test_a_template_that_changes_the_text_is_tokenized_whole(tiny):
+def test_a_template_that_changes_the_text_encodes_it_whole_unless_it_spells_a_token(tiny):
+    """Text a template trims cannot be told from its markup: the prompt is encoded
+    whole, which is safe only while no client string spells a control token (a client
+    could force this path with surrounding spaces): else a 400."""
     tiny.chat_template = "{% for m in messages %}[{{ m.content | trim }}]{% endfor %}"
-    assert chat.render(tiny, [user("  hi <eos> ")]) == tiny.encode("[hi <eos>]", False)
+    assert chat.render(tiny, [user("  hi there ")]) == tiny.encode("[hi there]", False)
+    with pytest.raises(APIError, match="spell a control token") as caught:
+        chat.render(tiny, [user("  hi <eos> ")])
+    assert caught.value.status == 400 and caught.value.param == "messages"
 
 
 # -- the marks ---------------------------------------------------------------------------------

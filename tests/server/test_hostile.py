@@ -45,6 +45,7 @@ _RANGES = [   # (id, field text, param) for both endpoints
     ("seed-2**80", f'"seed": {2**80}', "seed"),
     ("seed-negative-2**64", f'"seed": {-2**64}', "seed"),
     ("top_k=-2", '"top_k": -2', "top_k"),
+    ("top_k=10**30", f'"top_k": {10**30}', "top_k"),          # beyond int64: not sendable
     ("n=1000", '"n": 1000', "n"),
     ("n=0", '"n": 0', "n"),
     ("max_tokens=-1", '"max_tokens": -1', "max_tokens"),
