@@ -13,8 +13,8 @@ from functools import cached_property
 from runtime.grammar import StructuredOutputs
 
 SAMPLING_EPS = 1e-5        # a temperature below this is greedy (vLLM's rule)
-SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1      # a signed 64-bit seed, as vLLM accepts
 INT64_MAX = 2**63 - 1     # integers travel as int64 (msgpack to the engine core, tensors)
+SEED_MIN, SEED_MAX = -(2**63), INT64_MAX      # a signed 64-bit seed, as vLLM accepts
 MAX_LOGIT_BIAS = 100.0     # OpenAI's range for logit_bias values
 
 
@@ -50,23 +50,23 @@ class SamplingParams:
 
     def _problems(self):
         """(field, message) for every value outside its domain, in field order."""
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            yield "max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}"
+        if not _int_in(self.max_tokens, 1):
+            yield "max_tokens", (f"max_tokens must be an integer in [1, {INT64_MAX}], got "
+                                 f"{self.max_tokens}")
         for name, low, high, low_open in _FLOAT_RANGES:
             value = getattr(self, name)
             if not _in_range(value, low, high, low_open):
                 yield name, f"{name} must be {_describe(low, high, low_open)}, got {value}"
-        if not _is_int(self.top_k) or not -1 <= self.top_k <= INT64_MAX:
+        if not _int_in(self.top_k, -1):
             yield "top_k", (f"top_k must be -1 or 0 (off) or an integer in [1, {INT64_MAX}], "
                             f"got {self.top_k}")
-        if self.seed is not None and not (_is_int(self.seed) and SEED_MIN <= self.seed
-                                          <= SEED_MAX):
+        if self.seed is not None and not _int_in(self.seed, SEED_MIN):
             yield "seed", f"seed must be an integer in [{SEED_MIN}, {SEED_MAX}], got {self.seed}"
         if any(not isinstance(s, str) or not s for s in self.stop):
             yield "stop", "stop must hold non-empty strings only"
-        if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
+        if not all(_int_in(t, 0) for t in self.stop_token_ids):
             yield "stop_token_ids", "stop_token_ids must hold non-negative token ids"
-        if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
+        if self.logprobs is not None and not _int_in(self.logprobs, 0):
             yield "logprobs", f"logprobs must be a non-negative integer, got {self.logprobs}"
         yield from _logit_bias_problems(self.logit_bias)
         if self.structured is not None and not isinstance(self.structured, StructuredOutputs):
@@ -102,6 +102,11 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _int_in(value, low: int) -> bool:
+    """An integer from `low` up to INT64_MAX: every integer field travels as an int64."""
+    return _is_int(value) and low <= value <= INT64_MAX
+
+
 def _in_range(value, low: float, high: float, low_open: bool) -> bool:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
@@ -121,7 +126,7 @@ def _describe(low: float, high: float, low_open: bool) -> str:
 
 def _logit_bias_problems(bias: tuple[tuple[int, float], ...]):
     for token, value in bias:
-        if not _is_int(token) or token < 0:
+        if not _int_in(token, 0):
             yield "logit_bias", f"logit_bias keys must be non-negative token ids, got {token}"
             return
         if not _in_range(value, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS, False):

@@ -118,7 +118,7 @@ def _generate(capsys, *args: str) -> tuple[int, str]:
     (("--seed", str(2**80)), "--seed: seed must be an integer in"),
     (("--top-k", "-2"), "--top-k: top_k must be -1 or 0 (off) or an integer in [1, "),
     (("--stop", ""), "--stop: stop must hold non-empty strings only"),
-    (("--max-tokens", "0"), "--max-tokens: max_tokens must be at least 1"),
+    (("--max-tokens", "0"), "--max-tokens: max_tokens must be an integer in [1, "),
     (("--prompt-ids", "5,x"), "--prompt-ids '5,x': give comma-separated token ids"),
     (("--prompt-ids", "5,600"), "--prompt-ids #2: token id 600 is outside the vocabulary"),
 ])

@@ -68,3 +68,14 @@ def test_an_integer_beyond_a_double_is_refused_not_an_overflow(field):
     assert caught.value.param == field
     with pytest.raises(InvalidParam, match="logit_bias"):
         SamplingParams(logit_bias=((5, -(10**400)),))
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("max_tokens", 2**63), ("top_k", 2**63), ("seed", 2**63), ("logprobs", 2**63),
+    ("stop_token_ids", (5, 2**63)), ("logit_bias", ((2**63, 1.0),))])
+def test_every_integer_fits_an_int64(field, value):
+    """Integers travel as int64 (msgpack to the engine core, tensors on the device): one
+    beyond is refused here, naming its field, not by an overflow downstream."""
+    with pytest.raises(InvalidParam) as caught:
+        SamplingParams(**{field: value})
+    assert caught.value.param == field
