@@ -133,11 +133,12 @@ class SamplingState:
         if self.bias is None:
             self.bias = self._table(torch.float32)
         self.bias[state] = 0
-        if bias:
-            ids, values = zip(*bias)
-            self.bias[state].index_put_(
-                (torch.tensor(ids, dtype=torch.long, device=self.device),),
-                torch.tensor(values, dtype=torch.float32, device=self.device), accumulate=True)
+        if bias:        # numpy reads a full vocabulary's pairs ~10x faster than torch.tensor
+            ids = np.fromiter((t for t, _ in bias), np.int64, len(bias))
+            values = np.fromiter((v for _, v in bias), np.float32, len(bias))
+            self.bias[state].index_put_((torch.from_numpy(ids).to(self.device),),
+                                        torch.from_numpy(values).to(self.device),
+                                        accumulate=True)
 
     def _table(self, dtype: torch.dtype) -> torch.Tensor:
         return torch.zeros((self.slots, self.vocab), dtype=dtype, device=self.device)
