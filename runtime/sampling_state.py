@@ -54,10 +54,9 @@ class RowParams:
 
 
 def row_params(params: list[SamplingParams], seeds: list[int], counters: list[int],
-               states: list[int], device: torch.device,
-               bias: torch.Tensor | None = None) -> RowParams:
+               states: list[int], device: torch.device) -> RowParams:
     """RowParams from the rows' SamplingParams: built on the host, two copies to the
-    device. `bias` [N, V]: the rows' logit bias (see SamplingState.row_params)."""
+    device; no bias rows (SamplingState.row_params adds the requests' own)."""
     n = len(params)
     floats = np.zeros((6, n), np.float32)
     ints = np.zeros((4, n), np.int64)
@@ -69,7 +68,7 @@ def row_params(params: list[SamplingParams], seeds: list[int], counters: list[in
     f, i64 = torch.from_numpy(floats).to(device), torch.from_numpy(ints).to(device)
     return RowParams(
         temperature=f[0], top_p=f[1], min_p=f[2], presence=f[3], frequency=f[4],
-        repetition=f[5], top_k=i64[0], seed=i64[1], counter=i64[2], state=i64[3], bias=bias,
+        repetition=f[5], top_k=i64[0], seed=i64[1], counter=i64[2], state=i64[3], bias=None,
         filtered=any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params),
         penalized=any(p.penalized for p in params),
         greedy=all(p.greedy for p in params))
