@@ -21,7 +21,7 @@ check-generated: install  ## fail if generated/ differs from what specs/ generat
 	$(PY) -m codegen --check
 
 lint: install  ## ruff over the hand-written code (generated/ is checked by check-generated)
-	$(VENV)/bin/ruff check codegen runtime server tests bench
+	$(VENV)/bin/ruff check contract codegen runtime server tests bench
 
 test: lint  ## lint, then the whole test suite
 	$(PY) -m pytest -q

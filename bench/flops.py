@@ -33,14 +33,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import generated  # noqa: E402
 from bench.offline import decode_row, prompts, run_transformers  # noqa: E402
+from contract.checkpoint_layout import expected_shapes  # noqa: E402
+from contract.model_args import ModelArgs  # noqa: E402
 from runtime.backends.compiled.moe import grouped_mm  # noqa: E402
-from runtime.checkpoint_layout import expected_shapes  # noqa: E402
 from runtime.cli import default_model  # noqa: E402
-from runtime.engine import Engine, EngineConfig  # noqa: E402
-from runtime.model.args import ModelArgs  # noqa: E402
+from runtime.core.sampling_params import SamplingParams  # noqa: E402
+from runtime.engine.engine import Engine, EngineConfig  # noqa: E402
 from runtime.model.params import ModelParams  # noqa: E402
-from runtime.sampling_params import SamplingParams  # noqa: E402
-from runtime.weights import load_params  # noqa: E402
+from runtime.weights.loader import load_params  # noqa: E402
 
 
 @register_flop_formula(grouped_mm)

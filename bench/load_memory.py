@@ -32,8 +32,8 @@ import torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 from bench.quantize import quantize  # noqa: E402
-from runtime.checkpoint_layout import expected_shapes  # noqa: E402
-from runtime.model.args import ModelArgs  # noqa: E402
+from contract.checkpoint_layout import expected_shapes  # noqa: E402
+from contract.model_args import ModelArgs  # noqa: E402
 
 GIB = 2**30
 FLASH_KEYS = ("vocab_size", "hidden_size", "moe_intermediate_size", "num_attention_heads",

@@ -24,8 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from runtime.cli import default_model  # noqa: E402
-from runtime.engine import Engine, EngineConfig  # noqa: E402
-from runtime.sampling_params import SamplingParams  # noqa: E402
+from runtime.core.sampling_params import SamplingParams  # noqa: E402
+from runtime.engine.engine import Engine, EngineConfig  # noqa: E402
 
 HEADER = ("engine", "conc", "MTP", "tok/s", "vs HF", "disp/req", "steps", "step ms",
           "sched", "marshal", "kernel", "sample", "host %", "accept")
@@ -36,7 +36,7 @@ def prompts(n: int, length: int, model: Path) -> list[list[int]]:
     (what the embedded model was trained for), else random token ids."""
     if (model / "tokenizer.json").exists() and length <= 1024:
         from bench.train_tiny import corpus_files, split
-        from runtime.tokenizer import Tokenizer
+        from runtime.engine.tokenizer import Tokenizer
 
         tok = Tokenizer(model)
         texts = [f.read_text(errors="replace") for f in split(corpus_files())[1]]

@@ -62,7 +62,7 @@ def messages(conversations: int, turns: int, first_len: int, later_len: int,
              model: Path) -> list[list[str]]:
     """Per conversation, the user message of every turn: held-out file openings."""
     from bench.train_tiny import corpus_files, split
-    from runtime.tokenizer import Tokenizer
+    from runtime.engine.tokenizer import Tokenizer
 
     tok = Tokenizer(model)
     texts = [t for t in (f.read_text(errors="replace") for f in split(corpus_files())[1])

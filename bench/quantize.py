@@ -18,7 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from runtime.checkpoint_layout import is_fp8_projection, is_routed_expert
+from contract.checkpoint_layout import is_fp8_projection, is_routed_expert
 from runtime.model import quant
 
 E4M3_MAX = 448.0

@@ -6,7 +6,7 @@ sampling them (bias, penalties, top-k/top-p, a draw). Prints figures; asserts no
                                        [--device cpu] [--against REV]
 
 --against REV times REV's row builder beside today's, on the same parameters (REV's
-runtime/batch_sampler.py, read with `git show`: fb7270f built the bias rows of every
+runtime/device/batch_sampler.py, read with `git show`: fb7270f built the bias rows of every
 launch in a Python loop).
 """
 from __future__ import annotations
@@ -25,8 +25,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from runtime import batch_sampler  # noqa: E402
-from runtime.sampling_params import SamplingParams  # noqa: E402
-from runtime.sampling_state import SamplingState  # noqa: E402
+from runtime.core.sampling_params import SamplingParams  # noqa: E402
+from runtime.device.sampling_state import SamplingState  # noqa: E402
 
 
 def timed(fn, reps: int, device: torch.device) -> float:
@@ -50,7 +50,7 @@ def launch(rows: int, biased: int, vocab: int) -> list[SamplingParams]:
 
 def old_builder(rev: str, device: torch.device):
     """REV's RowParamsBuilder (None if REV has none)."""
-    source = subprocess.run(["git", "show", f"{rev}:runtime/batch_sampler.py"], cwd=REPO,
+    source = subprocess.run(["git", "show", f"{rev}:runtime/device/batch_sampler.py"], cwd=REPO,
                             capture_output=True, text=True, check=True).stdout
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(source)

@@ -117,8 +117,8 @@ async def level(url: str, prompts: list[list[int]], concurrency: int, max_tokens
 
 
 def offline_engine(spec: str, model: Path, k: int):
-    from runtime.engine import Engine, EngineConfig
-    from runtime.sampling_params import SamplingParams
+    from runtime.core.sampling_params import SamplingParams
+    from runtime.engine.engine import Engine, EngineConfig
 
     engine = Engine.build(EngineConfig(spec=spec, model=model, num_speculative_tokens=k,
                                        enable_prefix_caching=False))
@@ -130,7 +130,7 @@ def offline_engine(spec: str, model: Path, k: int):
 def offline(engine, prompts: list[list[int]], c: int, max_tokens: int) -> float:
     """Output tokens per second of the engine itself, at most `c` requests in flight (a
     new one added as one finishes, as the served clients do)."""
-    from runtime.sampling_params import SamplingParams
+    from runtime.core.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     queue, running, tokens = list(prompts), 0, 0

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.offline import build, prompts  # noqa: E402
 from runtime.cli import default_model  # noqa: E402
-from runtime.grammar import StructuredOutputs  # noqa: E402
-from runtime.sampling_params import SamplingParams  # noqa: E402
+from runtime.core.sampling_params import SamplingParams  # noqa: E402
+from runtime.engine.grammar import StructuredOutputs  # noqa: E402
 
 CONSTRAINTS = {
     "none": None,

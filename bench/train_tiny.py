@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import generated  # noqa: E402
-from runtime.checkpoint_layout import expected_shapes  # noqa: E402
+from contract.checkpoint_layout import expected_shapes  # noqa: E402
+from contract.model_args import ModelArgs  # noqa: E402
 from runtime.model import moe  # noqa: E402
-from runtime.model.args import ModelArgs  # noqa: E402
 from runtime.model.forward import logits, main_model, mtp_block  # noqa: E402
 from runtime.model.paging import PoolView, Segment  # noqa: E402
 from runtime.model.params import Experts, ModelParams  # noqa: E402

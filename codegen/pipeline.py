@@ -14,9 +14,9 @@ from codegen.invariants import check_invariants
 from codegen.plan import Plan, build_plan
 from codegen.render import environment, render_index, render_package
 from codegen.schema import Spec
-from codegen.spec_digest import spec_digest
 from codegen.writer import Drift, compare, write
 from codegen.yaml_loader import FieldPath, Locator, load_yaml
+from contract.spec_digest import spec_digest
 
 
 def display_path(path: Path, root: Path | None = None) -> str:

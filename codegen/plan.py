@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from codegen.pool_roles import ROLES, PoolRole, layer_kinds, role_layers
 from codegen.schema import LayoutEntry, Spec
-from runtime.decode_layout import DecodeLayout
+from contract.decode_layout import DecodeLayout
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 

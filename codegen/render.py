@@ -93,7 +93,7 @@ def _arg_type(arg: ArgPlan) -> str:
 
 
 def _helpers(kernel: KernelPlan) -> list[str]:
-    """The runtime.abi check/stage helpers a kernel's marshal() calls."""
+    """The runtime.device.abi check/stage helpers a kernel's marshal() calls."""
     used = {"check_weights"}
     for arg in kernel.args:
         if arg.staged:

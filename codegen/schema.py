@@ -104,7 +104,7 @@ class PrefillSection(_Strict):
 
 class LayoutEntry(_Strict):
     """One entry of decode.layouts as written; the plan resolves it into a
-    runtime.decode_layout.DecodeLayout (with its kernel's name)."""
+    contract.decode_layout.DecodeLayout (with its kernel's name)."""
 
     k: int = Field(ge=0)
     batch: PositiveInt

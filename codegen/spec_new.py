@@ -22,8 +22,8 @@ from codegen.errors import SpecError
 from codegen.pipeline import load_spec
 from codegen.pool_roles import ROLES, layer_kinds, role_kinds
 from codegen.schema import ModelSection, RopeScaling, Spec
-from runtime.checkpoint_layout import is_fp8_projection, is_routed_expert
-from runtime.safetensors_file import SafetensorsFile
+from contract.checkpoint_layout import is_fp8_projection, is_routed_expert
+from runtime.weights.safetensors_file import SafetensorsFile
 
 FLOW_KEYS = {"compress_ratios", "num_speculative_tokens"}
 

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import generated
-from runtime.sampling_params import InvalidParam, SamplingParams
-from runtime.spec_check import StaleSpecError, load_current
+from runtime.core.sampling_params import InvalidParam, SamplingParams
+from runtime.engine.spec_check import StaleSpecError, load_current
 
 if TYPE_CHECKING:
-    from runtime.engine import Engine, EngineConfig
+    from runtime.engine.engine import Engine, EngineConfig
 
 REPO = Path(generated.__file__).resolve().parent.parent
 
@@ -76,7 +76,7 @@ def add_limit_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_memory_args(parser: argparse.ArgumentParser, required: bool = False) -> None:
-    """The memory plan's inputs (runtime/memory_plan.py), shared with `v4serve plan`."""
+    """The memory plan's inputs (runtime/planning/memory_plan.py), shared with `v4serve plan`."""
     parser.add_argument("--device-memory", type=parse_bytes, default=None, required=required,
                         help="memory of one rank's device, e.g. 141GiB or 192GB; the pools "
                              "take what the weights and a workspace leave of it "
@@ -96,7 +96,7 @@ def positive_int(text: str) -> int:
 
 
 def parse_bytes(text: str) -> int:
-    from runtime.memory_plan import parse_bytes as parse
+    from runtime.planning.memory_plan import parse_bytes as parse
 
     try:
         return parse(text)
@@ -132,7 +132,7 @@ def add_distributed_args(parser: argparse.ArgumentParser) -> None:
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The engine configuration of these flags; StaleSpecError if --spec cannot be served
     (a missing file, or generated/ older than the spec)."""
-    from runtime.engine_config import EngineConfig
+    from runtime.engine.config import EngineConfig
 
     spec = load_current(args.spec).SPEC_NAME       # --spec tiny or --spec specs/tiny.yaml
     return EngineConfig(
@@ -178,7 +178,7 @@ def run_other_node(args: argparse.Namespace) -> int | None:
     and return their exit code; None on node 0."""
     if args.node_rank == 0:
         return None
-    from runtime.workers import run_node
+    from runtime.executor.workers import run_node
 
     config = engine_config(args)
     if config.distributed_executor_backend != "mp":
@@ -202,9 +202,9 @@ def precompile_command(config: EngineConfig) -> list[str]:
 
 def build_engine(args: argparse.Namespace) -> Engine:
     """The engine for these flags, or SystemExit with a one-line reason."""
-    from runtime.engine import ConfigError, Engine
-    from runtime.weights import CheckpointError
-    from runtime.workers import WorkerDied
+    from runtime.engine.engine import ConfigError, Engine
+    from runtime.executor.workers import WorkerDied
+    from runtime.weights.loader import CheckpointError
 
     try:
         return Engine.build(engine_config(args))

@@ -20,10 +20,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from runtime.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
-from runtime.engine import RequestOutput
-from runtime.grammar import GrammarError, Vocabulary
-from runtime.sampling_params import SEED_MIN, InvalidParam, SamplingParams
+from runtime.core.sampling_params import SEED_MIN, InvalidParam, SamplingParams
+from runtime.engine.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
+from runtime.engine.engine import RequestOutput
+from runtime.engine.grammar import GrammarError, Vocabulary
 from server import chat
 from server.body import parse_json
 from server.chat import ChatOptions

@@ -14,8 +14,8 @@ import socket
 import subprocess
 import time
 
-from runtime import plan_report
 from runtime.cli import add_engine_args, positive_int
+from runtime.planning import plan_report
 
 log = logging.getLogger("v4serve")
 
@@ -134,10 +134,10 @@ def _failed_start(server, client, error: str) -> None:
 
 def _core(args: argparse.Namespace):
     """A client of an engine core process, not started yet."""
-    from runtime.admission import ConfigError
     from runtime.cli import engine_config
-    from runtime.core_client import CoreClient
-    from runtime.spec_check import StaleSpecError
+    from runtime.engine.spec_check import StaleSpecError
+    from runtime.planning.admission import ConfigError
+    from runtime.process.core_client import CoreClient
 
     try:
         client = CoreClient(engine_config(args))
@@ -156,8 +156,8 @@ def _core(args: argparse.Namespace):
 
 def _in_process(args: argparse.Namespace):
     """The engine in a thread of this process, built and warmed up."""
-    from runtime.async_engine import AsyncEngine
     from runtime.cli import build_engine
+    from runtime.engine.async_engine import AsyncEngine
 
     built = build_engine(args)
     log_summary(built.summary())
@@ -190,7 +190,7 @@ def warm_up(engine) -> subprocess.Popen | None:
     background process compiles and saves them (the engine picks each up when saved).
     Returns that process, if one was started."""
     from runtime.cli import precompile_command
-    from runtime.parent_watch import arm_death_signal
+    from runtime.process.parent_watch import arm_death_signal
 
     start = time.perf_counter()
     engine.warmup()

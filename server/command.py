@@ -9,7 +9,7 @@ import sys
 
 from codegen import cli as codegen_cli
 from runtime import cli as runtime_cli
-from runtime import plan_report
+from runtime.planning import plan_report
 from server import cli as server_cli
 
 

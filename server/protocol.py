@@ -14,8 +14,8 @@ from typing import Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from runtime.grammar import GrammarError, StructuredOutputs
-from runtime.sampling_params import InvalidParam, SamplingParams
+from runtime.core.sampling_params import InvalidParam, SamplingParams
+from runtime.engine.grammar import GrammarError, StructuredOutputs
 
 
 class APIError(Exception):

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from runtime.engine import RequestOutput
-from runtime.tokenizer import Tokenizer
+from runtime.engine.engine import RequestOutput
+from runtime.engine.tokenizer import Tokenizer
 from server.chat_output import ChatOutput
 
 

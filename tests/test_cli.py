@@ -204,7 +204,7 @@ def test_a_spec_newer_than_its_generated_code_is_refused_before_loading(tmp_path
 
 
 def test_the_repositorys_spec_edited_names_make_codegen(tmp_path, monkeypatch):
-    from runtime import spec_check
+    from runtime.engine import spec_check
 
     (tmp_path / "specs").mkdir()
     _edited_tiny(tmp_path).rename(tmp_path / "specs" / "tiny.yaml")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.abi import PoolGroup
+from runtime.device.abi import PoolGroup
 
 RANKS = 8
 

@@ -2,7 +2,7 @@
 """Serving contract of spec `reference`: shapes, limits and topology."""
 from __future__ import annotations
 
-from runtime.abi import DecodeLayout
+from runtime.device.abi import DecodeLayout
 
 # One model replica: attention data parallelism and MoE expert parallelism share the ranks.
 RANKS = 8

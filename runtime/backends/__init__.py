@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from runtime.abi import KernelABI
+from runtime.device.abi import KernelABI
 
 
 class Backend(Protocol):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.abi import ABIError, Arg, KernelABI, fits, fmt_shape
+from runtime.device.abi import ABIError, Arg, KernelABI, fits, fmt_shape
 
 # Row-length arguments and the token argument whose last dimension bounds them.
 _ROW_BOUNDS = {"chunk_lens": "token_ids", "row_lens": "token_ids", "num_rows": "next_ids"}

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from runtime.abi import KernelABI
-from runtime.batch_sampler import unpack_mask
+from runtime.device.abi import KernelABI
+from runtime.device.batch_sampler import unpack_mask
 from runtime.model.forward import logits, main_model, mtp_block, mtp_write_kv
 from runtime.model.paging import PoolView, Segment
 from runtime.model.params import ModelParams

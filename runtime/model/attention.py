@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from contract.model_args import ModelArgs
 from runtime.model import compressor, indexer
-from runtime.model.args import ModelArgs
 from runtime.model.norms import rms_norm, rms_scale
 from runtime.model.paging import PoolView, Segment, arange
 from runtime.model.params import LayerParams

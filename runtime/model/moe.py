@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from runtime.model.args import ModelArgs
+from contract.model_args import ModelArgs
 from runtime.model.params import Experts, LayerParams
 from runtime.model.quant import weight
 

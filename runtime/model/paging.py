@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.abi import PoolGroup
+from runtime.device.abi import PoolGroup
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from contract.model_args import ModelArgs
 from runtime.model import quant
-from runtime.model.args import ModelArgs
 from runtime.model.rope import Rope
 
 

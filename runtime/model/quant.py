@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 
-from runtime.checkpoint_layout import FP4_GROUP, FP8_BLOCK
+from contract.checkpoint_layout import FP4_GROUP, FP8_BLOCK
 
 FP8 = torch.float8_e4m3fn
 FP4 = torch.uint8               # packed pairs of e2m1 codes

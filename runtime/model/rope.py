@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.model.args import ModelArgs
+from contract.model_args import ModelArgs
 
 
 def plain_inv_freq(rope_dim: int, theta: float) -> torch.Tensor:

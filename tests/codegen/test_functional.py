@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from codegen.pipeline import generate
-from runtime.abi import ABIError
+from runtime.device.abi import ABIError
 from tests.conftest import import_fresh, replace_once
 
 # Other shapes than any checked-in spec: 4 ranks, B8S2 for K=1, a 4096-row extent,

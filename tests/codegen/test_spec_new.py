@@ -61,9 +61,9 @@ def test_the_new_spec_serves_the_checkpoint_like_transformers(tmp_path):
     position, whole and chunked at 128: the new spec's forward is transformers'."""
     from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 
-    from runtime.checkpoint_layout import expected_shapes
-    from runtime.model.args import ModelArgs
-    from runtime.weights import load_params
+    from contract.checkpoint_layout import expected_shapes
+    from contract.model_args import ModelArgs
+    from runtime.weights.loader import load_params
     from tests.model.support import Driver, export_official, randomize
 
     config = _other_config()

@@ -14,7 +14,7 @@ from bench.transformers_baseline import RENAMES, load_transformers, official_nam
 from runtime.model.forward import logits, main_model
 from runtime.model.paging import PoolView, Segment
 from runtime.model.params import ModelParams
-from runtime.weights import load_params
+from runtime.weights.loader import load_params
 
 REF = generated.load("reference")
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "v4-tiny"

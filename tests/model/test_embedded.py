@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import generated
-from runtime.engine import Engine, EngineConfig
-from runtime.sampling_params import SamplingParams
-from runtime.tokenizer import Tokenizer
-from runtime.weights import load_params
+from runtime.core.sampling_params import SamplingParams
+from runtime.engine.engine import Engine, EngineConfig
+from runtime.engine.tokenizer import Tokenizer
+from runtime.weights.loader import load_params
 from tests.conftest import REPO
 from tests.model.support import Driver, load_transformers
 

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from runtime.model.quant import dequantize, e2m1_values
-from runtime.weights import CheckpointError, load_params
+from runtime.weights.loader import CheckpointError, load_params
 from tests.model.support import FIXTURE, REF
 
 

@@ -18,9 +18,9 @@ from bench.quantize import fp4, fp8, quantize_checkpoint
 from runtime.backends.compiled import forward
 from runtime.backends.compiled.graphs import Graphs
 from runtime.backends.compiled.model import CompiledModel
+from runtime.core.sampling_params import SamplingParams
 from runtime.model import quant
-from runtime.sampling_params import SamplingParams
-from runtime.weights import bytes_per_rank, load_params, resident_bytes
+from runtime.weights.loader import bytes_per_rank, load_params, resident_bytes
 from tests.model.support import FIXTURE, REF, Driver
 from tests.runtime.engine_support import make_engine, random_prompt
 
@@ -146,7 +146,7 @@ def test_rank_processes_hold_their_own_packed_experts_and_give_the_same_tokens(c
                                                                               released):
     """--distributed-executor-backend mp: each rank reads its own FP4 experts (the
     all-to-all MoE dequantizes them there) and the outputs are the single process's."""
-    from runtime.engine import Engine, EngineConfig
+    from runtime.engine.engine import Engine, EngineConfig
 
     outputs, info = {}, None
     for executor in ("uni", "mp"):

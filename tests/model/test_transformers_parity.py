@@ -13,10 +13,10 @@ import pytest
 import torch
 from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 
-from runtime.checkpoint_layout import expected_shapes
+from contract.checkpoint_layout import expected_shapes
+from contract.model_args import ModelArgs
 from runtime.model import indexer
-from runtime.model.args import ModelArgs
-from runtime.weights import load_params
+from runtime.weights.loader import load_params
 from tests.model.support import REF, Driver, export_official, randomize
 
 TOL = 1e-4

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import torch
 
-from runtime.engine import Engine, EngineConfig
+from runtime.core.sampling_params import SamplingParams
+from runtime.engine.engine import Engine, EngineConfig
+from runtime.engine.tokenizer import Tokenizer
 from runtime.model.forward import logits, main_model
 from runtime.model.paging import Segment
-from runtime.sampling_params import SamplingParams
-from runtime.tokenizer import Tokenizer
 from tests.model.support import FIXTURE, REF, Driver
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)

@@ -5,8 +5,8 @@ import asyncio
 
 import pytest
 
-from runtime.async_engine import AsyncEngine, EngineDeadError
-from runtime.sampling_params import SamplingParams
+from runtime.core.sampling_params import SamplingParams
+from runtime.engine.async_engine import AsyncEngine, EngineDeadError
 from tests.model.support import reference_params
 from tests.runtime.engine_support import assert_all_free, make_engine, random_prompt
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import generated
-from runtime.abi import ABIError
 from runtime.backends import get_backend, register_backend, supported_backends
 from runtime.backends.dryrun import DryRunBackend
+from runtime.device.abi import ABIError
 
 tiny = generated.load("tiny")
 

@@ -1,4 +1,4 @@
-"""runtime/batch_sampler.py against the oracle (tests/runtime/sampling_oracle.py), with
+"""runtime/device/batch_sampler.py against the oracle (tests/runtime/sampling_oracle.py), with
 the per-request state built as the model runner builds it (SamplingState.admit,
 row_params, penalties, count):
 
@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-from runtime import batch_sampler
-from runtime.sampling_params import SamplingParams
-from runtime.sampling_state import SamplingState
+from runtime.core.sampling_params import SamplingParams
+from runtime.device import batch_sampler
+from runtime.device.sampling_state import SamplingState
 from tests.runtime import sampling_oracle as oracle
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

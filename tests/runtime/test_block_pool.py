@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from runtime import capacity
-from runtime.block_pool import BlockPool
-from runtime.mtp_slots import SlotTable
+from runtime.core.block_pool import BlockPool
+from runtime.core.mtp_slots import SlotTable
+from runtime.planning import capacity
 
 # -- BlockPool -----------------------------------------------------------------------
 

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from runtime.detokenizer import Detokenizer
-from runtime.tokenizer import Tokenizer
+from runtime.engine.detokenizer import Detokenizer
+from runtime.engine.tokenizer import Tokenizer
 from tests.conftest import REPO
 
 TOK = Tokenizer(REPO / "models" / "tiny")

@@ -11,17 +11,17 @@ import pytest
 import torch
 
 import generated
-from runtime import capacity
 from runtime.cli import default_model
-from runtime.engine import ConfigError, Engine, EngineConfig
-from runtime.grammar import StructuredOutputs
-from runtime.prefix_cache import Layout
-from runtime.request import Request
-from runtime.sampling_params import SamplingParams
-from runtime.scheduler import PrefillChunk, SchedulerOutput
-from runtime.step_plan import localize
-from runtime.weights import bytes_per_rank, load_params
-from runtime.workers import free_port, node_ranks, resolve
+from runtime.core.prefix_cache import Layout
+from runtime.core.request import Request
+from runtime.core.sampling_params import SamplingParams
+from runtime.core.scheduler import PrefillChunk, SchedulerOutput
+from runtime.engine.engine import ConfigError, Engine, EngineConfig
+from runtime.engine.grammar import StructuredOutputs
+from runtime.executor.step_plan import localize
+from runtime.executor.workers import free_port, node_ranks, resolve
+from runtime.planning import capacity
+from runtime.weights.loader import bytes_per_rank, load_params
 from tests.conftest import REPO
 from tests.runtime.engine_support import assert_all_free, random_prompt
 

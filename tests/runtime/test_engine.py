@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from runtime import capacity
 from runtime.backends import torch_backend
-from runtime.engine import ConfigError
-from runtime.prefix_cache import Layout
-from runtime.sampling_params import SamplingParams
+from runtime.core.prefix_cache import Layout
+from runtime.core.sampling_params import SamplingParams
+from runtime.engine.engine import ConfigError
+from runtime.planning import capacity
 from tests.model.support import REF, reference_params
 from tests.runtime.engine_support import (
     GREEDY,
@@ -26,7 +26,7 @@ BACKENDS = ["torch", "compiled-eager"]
 
 
 def copies(k: int) -> dict[str, int]:
-    """The ring copy pages the prefix cache adds to a budget (runtime/capacity.py)."""
+    """The ring copy pages the prefix cache adds to a budget (runtime/planning/capacity.py)."""
     return Layout.of(REF.pools.GROUPS, REF.architecture.CONFIG, REF.contract.BLOCK_SIZE,
                      k).copies
 
@@ -242,8 +242,8 @@ def test_the_seed_in_sampling_params_makes_a_request_repeatable(params):
 def test_a_logit_bias_is_written_once_per_request_and_steers_every_step(params,
                                                                          monkeypatch):
     """A full-vocabulary bias becomes the request's dense row once, when it gets its
-    state slot, not once per step (runtime/sampling_state.py)."""
-    from runtime.sampling_state import SamplingState
+    state slot, not once per step (runtime/device/sampling_state.py)."""
+    from runtime.device.sampling_state import SamplingState
 
     writes, real = [], SamplingState._set_bias
 

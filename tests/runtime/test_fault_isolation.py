@@ -9,11 +9,11 @@ import asyncio
 import pytest
 import torch
 
-from runtime import batch_sampler
-from runtime.async_engine import AsyncEngine, RequestFailedError
-from runtime.detokenizer import Detokenizer
-from runtime.model_runner import ModelRunner
-from runtime.sampling_params import SamplingParams
+from runtime.core.sampling_params import SamplingParams
+from runtime.device import batch_sampler
+from runtime.device.model_runner import ModelRunner
+from runtime.engine.async_engine import AsyncEngine, RequestFailedError
+from runtime.engine.detokenizer import Detokenizer
 from tests.model.support import reference_params
 from tests.runtime.engine_support import assert_all_free, make_engine, random_prompt
 

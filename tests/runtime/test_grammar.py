@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from runtime import batch_sampler
-from runtime.grammar import GrammarError, StructuredOutputs, TokenMasks, Vocabulary
-from runtime.sampling_params import SamplingParams
-from runtime.sampling_state import row_params
-from runtime.tokenizer import Tokenizer
+from runtime.core.sampling_params import SamplingParams
+from runtime.device import batch_sampler
+from runtime.device.sampling_state import row_params
+from runtime.engine.grammar import GrammarError, StructuredOutputs, TokenMasks, Vocabulary
+from runtime.engine.tokenizer import Tokenizer
 from tests.conftest import REPO
 
 TINY = REPO / "models" / "tiny"

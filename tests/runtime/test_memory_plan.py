@@ -14,11 +14,11 @@ import pytest
 
 import generated
 from bench.quantize import quantize_checkpoint
-from runtime import capacity
-from runtime.admission import Admission, ConfigError
-from runtime.engine import EngineConfig
-from runtime.memory_plan import MemoryPlan, parse_bytes, weight_bytes
-from runtime.weights import bytes_per_rank, load_params
+from runtime.engine.engine import EngineConfig
+from runtime.planning import capacity
+from runtime.planning.admission import Admission, ConfigError
+from runtime.planning.memory_plan import MemoryPlan, parse_bytes, weight_bytes
+from runtime.weights.loader import bytes_per_rank, load_params
 from tests.conftest import REPO
 from tests.model.support import FIXTURE, REF
 

@@ -10,15 +10,15 @@ import itertools
 import pytest
 import torch
 
-from runtime import capacity
-from runtime.admission import Admission
-from runtime.block_pool import BlockPool
-from runtime.engine import EngineConfig
-from runtime.mtp_slots import SlotTable
-from runtime.prefix_cache import Layout, Unsupported
-from runtime.request import Request, Status
-from runtime.sampling_params import SamplingParams
-from runtime.scheduler import Scheduler, SchedulerConfig
+from runtime.core.block_pool import BlockPool
+from runtime.core.mtp_slots import SlotTable
+from runtime.core.prefix_cache import Layout, Unsupported
+from runtime.core.request import Request, Status
+from runtime.core.sampling_params import SamplingParams
+from runtime.core.scheduler import Scheduler, SchedulerConfig
+from runtime.engine.engine import EngineConfig
+from runtime.planning import capacity
+from runtime.planning.admission import Admission
 from tests.model.support import FIXTURE, REF, reference_params
 from tests.runtime.engine_support import assert_all_free, make_engine, random_prompt
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from runtime.safetensors_file import SafetensorsError, SafetensorsFile
-from runtime.weights import CheckpointError, load_params
+from runtime.weights.loader import CheckpointError, load_params
+from runtime.weights.safetensors_file import SafetensorsError, SafetensorsFile
 from tests.model.support import FIXTURE, REF
 
 
@@ -103,7 +103,7 @@ def test_reading_a_file_holds_the_tensor_read_not_the_file(tmp_path):
     save_file({f"t{i}": torch.full((8, 2**20), float(i)) for i in range(8)}, str(path))
     script = f"""
 import torch
-from runtime.safetensors_file import SafetensorsFile
+from runtime.weights.safetensors_file import SafetensorsFile
 def hwm():
     return int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) * 1024
 torch.ones(1)

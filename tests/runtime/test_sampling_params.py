@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from runtime.sampling_params import SEED_MAX, SEED_MIN, InvalidParam, SamplingParams
+from runtime.core.sampling_params import SEED_MAX, SEED_MIN, InvalidParam, SamplingParams
 
 FLOATS = ["temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
           "repetition_penalty"]

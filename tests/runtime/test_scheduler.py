@@ -13,11 +13,11 @@ import itertools
 
 import pytest
 
-from runtime.block_pool import BlockPool
-from runtime.mtp_slots import SlotTable
-from runtime.request import Request, Status
-from runtime.sampling_params import SamplingParams
-from runtime.scheduler import Scheduler, SchedulerConfig
+from runtime.core.block_pool import BlockPool
+from runtime.core.mtp_slots import SlotTable
+from runtime.core.request import Request, Status
+from runtime.core.sampling_params import SamplingParams
+from runtime.core.scheduler import Scheduler, SchedulerConfig
 
 FORMULAS = {"kv": lambda n: -(-n // 4), "ring": lambda n: min(2, -(-n // 4))}
 TOKEN = 7          # what the fake model samples unless told otherwise

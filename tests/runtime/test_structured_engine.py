@@ -8,12 +8,12 @@ import jsonschema
 import pytest
 
 import generated
-from runtime import capacity
-from runtime.engine import Engine, EngineConfig
-from runtime.grammar import GrammarError, StructuredOutputs, Vocabulary
-from runtime.sampling_params import SamplingParams
-from runtime.tokenizer import Tokenizer
-from runtime.weights import load_params
+from runtime.core.sampling_params import SamplingParams
+from runtime.engine.engine import Engine, EngineConfig
+from runtime.engine.grammar import GrammarError, StructuredOutputs, Vocabulary
+from runtime.engine.tokenizer import Tokenizer
+from runtime.planning import capacity
+from runtime.weights.loader import load_params
 from tests.conftest import REPO
 from tests.model.support import FIXTURE
 from tests.runtime.engine_support import assert_all_free, random_prompt

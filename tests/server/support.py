@@ -7,7 +7,7 @@ import time
 
 import uvicorn
 
-from runtime.async_engine import AsyncEngine
+from runtime.engine.async_engine import AsyncEngine
 from server.app import ServerState, build_app
 from tests.model.support import REF
 from tests.runtime.engine_support import make_engine

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from runtime.sampling_params import SamplingParams
+from runtime.core.sampling_params import SamplingParams
 from tests.model.support import reference_params
 from tests.runtime.engine_support import make_engine
 from tests.server.support import ServerProcess

@@ -31,7 +31,7 @@ PROMPT = "t5 t6 t7 t8"
 
 
 def _greedy_text(params, prompt: str, max_tokens: int) -> str:
-    from runtime.sampling_params import SamplingParams
+    from runtime.core.sampling_params import SamplingParams
 
     engine = make_engine(params)
     [out] = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=max_tokens))

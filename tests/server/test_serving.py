@@ -9,7 +9,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from runtime.sampling_params import SamplingParams
+from runtime.core.sampling_params import SamplingParams
 from tests.model.support import reference_params
 from tests.runtime.engine_support import make_engine
 from tests.server.support import LiveServer

@@ -10,7 +10,15 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from runtime.abi import Arg, HostData, KernelABI, check_extent, check_tensor, check_weights, stage
+from runtime.device.abi import (
+    Arg,
+    HostData,
+    KernelABI,
+    check_extent,
+    check_tensor,
+    check_weights,
+    stage,
+)
 from runtime.backends import get_backend
 
 from ..architecture import FINGERPRINT

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import torch
 
+from contract.model_args import ModelArgs
 from runtime.backends.compiled.compressor import compress
 from runtime.backends.compiled.paged import Paged
 from runtime.backends.compiled.rows import Rows
-from runtime.model.args import ModelArgs
 from runtime.model.attention import output_projection
 from runtime.model.norms import rms_norm, rms_scale
 from runtime.model.quant import linear

@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from runtime.abi import KernelABI
 from runtime.backends.compiled import expert_parallel, kernels
 from runtime.backends.compiled.graphs import Graphs, default_mode
 from runtime.backends.compiled.model import CompiledModel
+from runtime.device.abi import KernelABI
 
 
 class CompiledBackend:

@@ -1,7 +1,7 @@
 """Expert parallelism across processes: each rank's token rows go to their experts' ranks
 and come back, with all-to-all collectives, inside the MoE of every layer.
 
-A rank worker (runtime/rank_worker.py) holds the experts of its own rank only and sets
+A rank worker (runtime/executor/rank_worker.py) holds the experts of its own rank only and sets
 the process group here before its first launch. Then, per MoE call on T rows:
 
     dispatch   the T*k (row, expert) pairs sorted by expert, which is by owning rank

@@ -16,10 +16,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from runtime.abi import KernelABI
 from runtime.backends.compiled import expert_parallel
 from runtime.backends.compiled.model import Call, CompiledModel
-from runtime.batch_sampler import unpack_mask
+from runtime.device.abi import KernelABI
+from runtime.device.batch_sampler import unpack_mask
 
 
 def live_rows(kernel: KernelABI, args) -> np.ndarray:

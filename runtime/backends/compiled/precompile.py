@@ -13,7 +13,7 @@ import logging
 import sys
 import time
 
-from runtime.engine import Engine, EngineConfig
+from runtime.engine.engine import Engine, EngineConfig
 
 
 def compile_all(config: EngineConfig) -> dict[str, float]:

@@ -1,0 +1,135 @@
+"""Prefix caching on the grouped pools: block keys, and where a block boundary's state
+lives. Torch-free, I/O-free.
+
+Block j of a request is its tokens [j*b, (j+1)*b) (b = block_size). Its key chains every
+token before it: key_j = H(key_{j-1}, tokens[j*b : (j+1)*b + lookahead]). With MTP,
+lookahead = 1: the MTP layer's key row at position (j+1)*b - 1 is built from the token
+after it, so two prompts share block j only if they also share that token.
+
+An entry (key_j, on one rank) holds what a request continuing at boundary B = (j+1)*b
+reads and does not compute:
+
+    full groups   page j of the request that computed it: its compressed entries cover
+                  exactly block j's tokens (tokens per page = b); shared, never written
+                  again (later writes land on later pages)
+    ring groups   a copy, taken when the computation stood at B, of the ring page
+                  holding positions [B - span, B): the sliding window (span window - 1,
+                  every layer and the MTP layer) and the pending rows of an overlapping
+                  compressor (span ratio); a compressor without overlap has nothing
+                  pending at B (span 0) and keeps no copy
+
+A hit of J blocks holds the full pages of entries 0..J-1 and copies entry J-1's ring
+pages into the new request's ring, at the ring entry position B - 1 maps to. So the new
+request reads exactly the rows the first computed, and computes from B on.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from runtime.core.request import Request
+
+
+class Group(Protocol):
+    policy: str
+    rows_per_page: int
+    tokens_per_row: int
+    ring_pages: int | None
+
+
+# Ring copies are the price of a cached block (a sliding-window page is a block's full,
+# uncompressed KV): the pools keep copy pages for one block in COPY_SHARE of the history
+# they hold, so that caching costs about twice the memory per token of history, not ten
+# times, and the cache holds up to 1/COPY_SHARE of that history in prefixes.
+COPY_SHARE = 8
+
+
+class Unsupported(ValueError):
+    """A spec whose pages do not line up with its blocks: no prefix caching."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which groups an entry keeps, and where a boundary's rows sit in a ring."""
+
+    block_size: int
+    lookahead: int                       # tokens after a block its key covers
+    full: tuple[str, ...]                # full groups: page j is block j
+    ring: dict[str, tuple[int, int]]     # ring groups with state at a boundary:
+    #                                      group -> (rows_per_page, ring_pages)
+    reach: int                           # positions past B before a ring row of B is
+    #                                      overwritten: how late a copy may be taken
+
+    @classmethod
+    def of(cls, groups: Mapping[str, Group], config: Mapping[str, Any], block_size: int,
+           k: int) -> Layout:
+        """The layout of a spec's pool groups and model config; Unsupported if its pages
+        do not line up with blocks of `block_size`."""
+        csa_ratio = groups["cmp_c4"].tokens_per_row if "cmp_c4" in groups else 0
+        span = {"ori": config["sliding_window"] - 1, "csa_state": csa_ratio,
+                "csa_inner_state": csa_ratio, "hca_state": 0}
+        full, ring, reach = [], {}, block_size
+        for name, g in sorted(groups.items()):
+            if g.policy == "full":
+                if g.rows_per_page * g.tokens_per_row != block_size:
+                    raise Unsupported(f"a {name} page covers {g.rows_per_page * g.tokens_per_row}"
+                                      f" tokens, not one block of {block_size}")
+                full.append(name)
+            elif span.get(name, g.rows_per_page):
+                rows = g.rows_per_page
+                if span[name] > rows or block_size % rows:
+                    raise Unsupported(f"the {name} rows a block boundary needs do not sit on "
+                                      "one ring page")
+                ring[name] = (rows, g.ring_pages)
+                reach = min(reach, rows * g.ring_pages - span[name])
+        return cls(block_size, 1 if k else 0, tuple(full), ring, reach)
+
+    @property
+    def copies(self) -> dict[str, int]:
+        """Ring groups that keep pages of cached blocks: group -> tokens of history per
+        page (what runtime/planning/capacity.py sizes them by)."""
+        return {g: self.block_size * COPY_SHARE for g in self.ring}
+
+    def ring_entry(self, group: str, boundary: int) -> int:
+        """The ring-table entry whose page holds the rows just before `boundary`."""
+        rows, pages = self.ring[group]
+        return (boundary // rows - 1) % pages
+
+    def max_blocks(self, request: Request, upto: int) -> int:
+        """Blocks whose keys the request's known tokens give, all ending at or before
+        position `upto`."""
+        known = (request.num_tokens - self.lookahead) // self.block_size
+        return max(0, min(known, upto // self.block_size))
+
+    def keys(self, request: Request, count: int) -> list[bytes]:
+        """The request's first `count` block keys (computed once, kept on the request)."""
+        keys, b = request.block_keys, self.block_size
+        if len(keys) < count:
+            tokens = request.token_ids
+            for j in range(len(keys), count):
+                h = hashlib.blake2b(keys[-1] if keys else b"", digest_size=16)
+                h.update(_pack(tokens[j * b:(j + 1) * b + self.lookahead]))
+                keys.append(h.digest())
+        return keys[:count]
+
+
+def _pack(tokens: list[int]) -> bytes:
+    return b"".join(t.to_bytes(8, "little", signed=True) for t in tokens)
+
+
+@dataclass
+class CacheStats:
+    """Prompt tokens looked up and found, per rank (vLLM's prefix_cache_queries/hits)."""
+
+    queries: list[int]
+    hits: list[int]
+
+    @classmethod
+    def zeros(cls, ranks: int) -> CacheStats:
+        return cls([0] * ranks, [0] * ranks)
+
+    def add(self, rank: int, queried: int, hit: int) -> None:
+        self.queries[rank] += queried
+        self.hits[rank] += hit

@@ -1,0 +1,393 @@
+"""The engine: one step is schedule -> run -> postprocess.
+
+    engine = Engine.build(EngineConfig(spec="tiny", model="models/tiny"))
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=8))
+    while engine.has_unfinished():
+        for output in engine.step(): ...
+
+`runtime.engine.async_engine.AsyncEngine` drives the same loop from a thread for the server.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import os
+import time
+from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+import generated
+from runtime.core.request import Request
+from runtime.core.sampling_params import SamplingParams
+from runtime.core.scheduler import SchedulerOutput
+from runtime.device.model_runner import ModelRunner, StepResult, TokenLogprobs
+from runtime.engine.config import EngineConfig  # noqa: F401  (re-exported)
+from runtime.engine.detokenizer import Detokenizer
+from runtime.engine.tokenizer import Tokenizer
+from runtime.executor.workers import Workers
+from runtime.planning import plan_report
+from runtime.planning.admission import Admission, ConfigError  # noqa: F401  (ConfigError: re-exported)
+from runtime.weights.loader import bytes_per_rank, load_params, resident_bytes
+
+log = logging.getLogger("v4serve.engine")
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_ids: list[int]
+    output_ids: list[int]            # every token so far
+    text: str                        # every released character so far
+    new_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    logprobs: list[TokenLogprobs] = field(default_factory=list)   # of new_ids
+    error: str | None = None         # the request failed (finish_reason "error"); why
+    num_cached_tokens: int | None = None   # prompt tokens found in the prefix cache
+
+
+@dataclass
+class Stats:
+    steps: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    schedule_seconds: float = 0.0
+    requests_finished: int = 0
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, spec, params, tokenizer: Tokenizer | None):
+        self.config, self.spec, self.params, self.tokenizer = config, spec, params, tokenizer
+        self.admission = Admission.plan(config, spec)
+        self.k, self.limits, self.capacity = (self.admission.k, self.admission.limits,
+                                              self.admission.capacity)
+        self.scheduler = self.admission.scheduler()
+        device = torch.device(config.device or spec.contract.DEVICE)
+        self.backend = _backend(config, spec)
+        if config.distributed_executor_backend == "mp":
+            self.runner = Workers(config, spec.contract)   # each rank checks its weights
+        else:
+            self.admission.check_weights(bytes_per_rank(params))
+            if self.admission.memory and spec.contract.RANKS > 1 and device.type != "cpu":
+                log.warning("--device-memory is one rank's; with the uni executor all %d "
+                            "ranks share %s, which needs about %d times the plan",
+                            spec.contract.RANKS, device, spec.contract.RANKS)
+            self.runner = ModelRunner(spec, params, self.capacity.blocks, self.k,
+                                      self.backend, device)
+            if config.defer_compile and hasattr(self.runner.decode.backend, "defer"):
+                self.runner.decode.backend.defer = True
+            self.runner.max_logprobs = config.max_logprobs
+            self.runner.checkpoint = Path(config.model)
+        self.stats = Stats()
+        self.requests: dict[str, Request] = {}
+        self._preparing: dict[Request, Future] = {}     # grammars compiling, not scheduled
+        self._detok: dict[str, Detokenizer] = {}
+        self._ids = itertools.count()
+        self._arrival = itertools.count()
+
+    def warmup(self) -> dict[str, float]:
+        """Compile (or load from the cache) every graph of a compiling backend before
+        the first request; returns seconds per graph (empty for an eager backend). With
+        defer_compile, graphs not compiled yet stay eager (see pending_graphs)."""
+        if self.multiprocess or not self.runner.compiles():
+            return {}               # nothing to compile here: an eager backend (or
+        self.runner.warmup()        # --enforce-eager), or rank workers that warm up alone
+        graphs = self.graphs
+        return dict(graphs.seconds) if graphs is not None else {}
+
+    @property
+    def multiprocess(self) -> bool:
+        return isinstance(self.runner, Workers)
+
+    @property
+    def graphs(self):
+        """The compiled backend's graphs (None for a backend that compiles nothing here)."""
+        if self.multiprocess:
+            return None
+        graphs = getattr(self.runner.decode.backend, "graphs", None)
+        return graphs if graphs is not None and graphs.compiling else None
+
+    def pending_graphs(self) -> int:
+        """Graphs that run eagerly until a compile saves them (defer_compile)."""
+        return self.graphs.pending() if self.graphs is not None else 0
+
+    def summary(self) -> dict:
+        """What was loaded and how much fits: the startup log and /server_info show it."""
+        c, cap, limits = self.spec.contract, self.capacity, self.limits
+        ranks = self.runner.ranks if self.multiprocess else None
+        return {
+            "spec": self.spec.SPEC_NAME, "spec_path": self.spec.SPEC_PATH,
+            "checkpoint": str(self.config.model), "backend": self.backend,
+            "executor": self.config.distributed_executor_backend,
+            "device": str(self.runner.device), "ranks": c.RANKS,
+            # per rank process: rank, pid, host, device, param_bytes, pool_bytes (mp)
+            "processes": ranks if ranks else [{"ranks": c.RANKS, "pid": os.getpid()}],
+            "param_bytes_per_rank": max(r["param_bytes"] for r in ranks) if ranks
+            else bytes_per_rank(self.params),
+            "pool_tokens_per_rank": cap.tokens, "pool_bytes_per_rank": cap.bytes,
+            "max_model_len": limits.max_model_len,
+            # requests of max_model_len tokens that run at once, over all ranks
+            "max_concurrency": self.admission.concurrency(),
+            # `v4serve plan`'s figures for this configuration
+            "plan": plan_report.report(self.admission),
+        }
+
+    def resident(self) -> dict:
+        """Device bytes this process holds: its weights and its pools (every rank with
+        `uni`; the rank processes hold theirs with `mp`)."""
+        if self.multiprocess:
+            return {"resident_weight_bytes": 0, "resident_pool_bytes": 0}
+        held = [self.runner.pools] + ([self.runner.mtp] if self.runner.mtp else [])
+        pools = [getattr(h, f.name) for h in held for f in dataclasses.fields(h)]
+        return {"resident_weight_bytes": resident_bytes(self.params),
+                "resident_pool_bytes": sum(t.numel() * t.element_size() for t in pools)}
+
+    def graph_info(self) -> dict:
+        """The compiled backend's graphs: seconds each took to compile or load, and how
+        many still run eagerly while a background compile finishes them."""
+        graphs = self.graphs
+        if graphs is None:
+            return {"mode": "eager", "compiled": {}, "pending": 0}
+        return {"mode": graphs.mode, "pending": graphs.pending(),
+                "compiled": {key: round(sec, 3) for key, sec in graphs.seconds.items()}}
+
+    def snapshot(self) -> dict:
+        """Counters and gauges for /metrics, as plain data (a separate engine core sends
+        it with each step's outputs)."""
+        s, sched = self.stats, self.scheduler
+        pool = sched.pool
+        return {
+            "running": sched.num_running,
+            "waiting": len(sched.waiting) + len(self._preparing),   # grammars compiling too
+            "kv_usage": max((pool.usage(r) for r in range(pool.ranks)), default=0.0),
+            "pool_usage": {f"{group}/{rank}": pool.used(rank, group) / total if total else 0.0
+                           for rank in range(pool.ranks)
+                           for group, total in pool.capacity.items()},
+            "prompt_tokens": s.prompt_tokens, "generation_tokens": s.generation_tokens,
+            "preemptions": sched.num_preemptions, "drafts": s.drafts,
+            "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
+            "dispatches": dict(self.dispatches), "graphs": self.graph_info(),
+            "prefix_cache": self.prefix_cache_info(),
+        }
+
+    def prefix_cache_info(self) -> dict:
+        """Prompt tokens looked up and found in the prefix cache (vLLM's counters), and
+        per rank the hit rate and the cached blocks."""
+        sched = self.scheduler
+        stats, pool = sched.cache_stats, sched.pool
+        return {
+            "enabled": sched.layout is not None,
+            "queries": sum(stats.queries), "hits": sum(stats.hits),
+            "ranks": [{"queries": q, "hits": h, "hit_rate": round(h / q, 4) if q else 0.0,
+                       "cached_blocks": pool.cached_blocks(rank),
+                       "evictions": pool.evictions[rank]}
+                      for rank, (q, h) in enumerate(zip(stats.queries, stats.hits))],
+        }
+
+    def close(self) -> None:
+        """Stop the runner: its rank workers (mp), or its grammar thread."""
+        self.runner.close()
+
+    @classmethod
+    def build(cls, config: EngineConfig) -> Engine:
+        spec = generated.load(config.spec)
+        device = config.device or spec.contract.DEVICE
+        _check_executor(config, spec)
+        params = None if config.distributed_executor_backend == "mp" \
+            else load_params(config.model, spec, device=device)   # mp: each rank its own
+        tokenizer_path = Path(config.model) / "tokenizer.json"
+        tokenizer = Tokenizer(config.model) if tokenizer_path.exists() else None
+        return cls(config, spec, params, tokenizer)
+
+    # -- requests --------------------------------------------------------------------
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams,
+                    request_id: str | None = None) -> Request:
+        """Queue a request; ValueError (InvalidParam naming the field where one is at
+        fault) says why it can never run."""
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self.admission.check(ids, params)
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        eos = self.spec.architecture.CONFIG["eos_token_id"]
+        if self.tokenizer and self.tokenizer.eos_id is not None:
+            eos = self.tokenizer.eos_id
+        request = Request(request_id, ids, params, next(self._arrival), eos)
+        detok = Detokenizer(self.tokenizer, params.stop) \
+            if self.tokenizer and self.config.detokenize else None
+        if params.structured is None:
+            self.scheduler.add(request)           # the last step that may refuse it
+        else:
+            self._prepare(request)
+        self.requests[request_id] = request
+        if detok is not None:
+            self._detok[request_id] = detok
+        return request
+
+    def _prepare(self, request: Request) -> None:
+        """A constrained request: scheduled once its grammar is compiled, off the step
+        (ValueError, as scheduler.add, if it could never run)."""
+        reason = self.scheduler.check(request)
+        if reason:
+            raise ValueError(reason)
+        self._preparing[request] = self.runner.prepare(request.params.structured)
+
+    def validate(self, ids: list[int], params: SamplingParams) -> None:
+        """InvalidParam if a request of these ids and params could never run here."""
+        self.admission.validate(ids, params)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.spec.architecture.CONFIG["vocab_size"]
+
+    def abort(self, request_id: str) -> None:
+        request = self.requests.get(request_id)
+        if request is not None and not request.finished:
+            compiling = self._preparing.pop(request, None)
+            if compiling is not None:
+                compiling.cancel()            # if it has not started
+            self.scheduler.finish(request, "abort")
+            self._forget(request)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work() or bool(self._preparing)
+
+    # -- the step --------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        failed = self._prepared()
+        if not self.scheduler.has_work():         # only grammars compiling
+            return failed
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        self.stats.schedule_seconds += time.perf_counter() - t0
+        results = self.runner.execute(out)
+        return failed + self._postprocess(out, results)
+
+    def _prepared(self) -> list[RequestOutput]:
+        """Schedule the requests whose grammar compiled (waiting a moment for one when
+        there is nothing else to do); a grammar that failed fails its request."""
+        if not self._preparing:
+            return []
+        if not self.scheduler.has_work():
+            wait(list(self._preparing.values()), timeout=0.05, return_when=FIRST_COMPLETED)
+        failed = []
+        for request, compiling in list(self._preparing.items()):
+            if not compiling.done():
+                continue
+            del self._preparing[request]
+            if compiling.exception() is None:
+                self.runner.adopt(request, compiling.result())
+                self.scheduler.add(request)
+            else:
+                failed.append(self._fail(request, compiling.exception()))
+        return failed
+
+    def _postprocess(self, out: SchedulerOutput,
+                     results: dict[Request, StepResult]) -> list[RequestOutput]:
+        """Commit what the step produced. A request whose share of the step failed (its
+        sampling, detokenization or stop check) ends alone with an error output; the
+        others go on."""
+        self.stats.steps += 1
+        self.stats.prompt_tokens += sum(ch.length for ch in out.prefill)
+        outputs = [self._fail(r, res.error) for r, res in results.items() if res.error]
+        kept = self.scheduler.commit(out, {r: res.tokens for r, res in results.items()
+                                           if not res.error})
+        for request, tokens in kept.items():
+            self._count(results[request], tokens)
+            try:
+                outputs.append(self._output(request, tokens, results[request]))
+            except Exception as exc:  # noqa: BLE001 - isolated to this request
+                outputs.append(self._fail(request, exc))
+        return outputs
+
+    def _fail(self, request: Request, error: Exception) -> RequestOutput:
+        """End a request whose own processing raised; free what it holds."""
+        log.error("request %s failed: %s: %s", request.request_id, type(error).__name__,
+                  error, exc_info=error)
+        self.scheduler.finish(request, "error")
+        if request.request_id in self.requests:
+            self._forget(request)
+        return RequestOutput(request.request_id, request.prompt_ids, list(request.output_ids),
+                             "", [], "", True, "error", error=f"{type(error).__name__}: {error}",
+                             num_cached_tokens=request.num_cached_tokens)
+
+    def _count(self, result: StepResult, tokens: list[int]) -> None:
+        self.stats.generation_tokens += len(tokens)
+        if result.drafted:
+            self.stats.drafts += 1
+            self.stats.draft_tokens += result.drafted
+            self.stats.accepted_tokens += result.accepted
+
+    def _output(self, request: Request, tokens: list[int], result: StepResult) -> RequestOutput:
+        request.draft_tokens += result.drafted
+        request.accepted_tokens += result.accepted
+        text, delta = "", ""
+        detok = self._detok.get(request.request_id)
+        if detok is not None:
+            delta, stop = detok.add(tokens)
+            if stop is not None and not request.finished:
+                self.scheduler.finish(request, "stop", stop)
+            elif request.finished:
+                delta += detok.flush()
+            text = detok.text
+        if request.finished:
+            self._forget(request)
+        logprobs = (result.logprobs or [])[: len(tokens)]
+        return RequestOutput(request.request_id, request.prompt_ids, list(request.output_ids),
+                             text, tokens, delta, request.finished, request.finish_reason,
+                             request.stop_reason, logprobs,
+                             num_cached_tokens=request.num_cached_tokens)
+
+    def _forget(self, request: Request) -> None:
+        self.stats.requests_finished += 1
+        self.runner.forget(request.request_id)
+        self.requests.pop(request.request_id, None)
+        self._detok.pop(request.request_id, None)
+
+    # -- offline use -----------------------------------------------------------------
+
+    def generate(self, prompts: list[str | list[int]],
+                 params: SamplingParams) -> list[RequestOutput]:
+        """Run prompts to completion with continuous batching; outputs in prompt order."""
+        ids = [self.add_request(p, params).request_id for p in prompts]
+        final: dict[str, RequestOutput] = {}
+        while self.has_unfinished():
+            for output in self.step():
+                if output.finished:
+                    final[output.request_id] = output
+        return [final[i] for i in ids]
+
+    @property
+    def dispatches(self) -> Counter[str]:
+        return self.runner.dispatches
+
+
+def _backend(config: EngineConfig, spec) -> str:
+    """The kernel backend: the flag's, else the spec's; --enforce-eager runs the compiled
+    backend's graphs as they are."""
+    backend = config.backend or spec.contract.BACKEND
+    return "compiled-eager" if config.enforce_eager and backend == "compiled" else backend
+
+
+def _check_executor(config: EngineConfig, spec) -> None:
+    executor = config.distributed_executor_backend
+    if executor not in ("uni", "mp"):
+        raise ConfigError(f"--distributed-executor-backend {executor!r}: one of uni, mp")
+    if executor == "mp" and _backend(config, spec) not in ("compiled", "compiled-eager"):
+        raise ConfigError("--distributed-executor-backend mp runs the compiled backend "
+                          "(compiled, or eagerly with --enforce-eager); the "
+                          f"{_backend(config, spec)!r} backend runs in one process only")
+    if executor == "uni" and config.nnodes > 1:
+        raise ConfigError("--nnodes > 1 needs --distributed-executor-backend mp")

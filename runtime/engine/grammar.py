@@ -1,0 +1,232 @@
+"""Structured outputs: a request's constraint on its output, as a token mask per sampled row.
+
+A constraint (StructuredOutputs: a JSON schema, any JSON object, a regex, a choice of
+strings or a Lark/GBNF grammar) compiles to an llguidance grammar; llguidance's matcher
+follows the output token by token and gives, for the next position, a bitmask over the
+vocabulary ([ceil(V / 32)] int32, bit t of word t // 32 set = token t allowed). The sampler
+sets every disallowed logit to -inf (runtime/device/batch_sampler.py), so the mask changes which
+token is drawn, never how: greedy, seeded draws and MTP verification stay what they are on
+the masked distribution.
+
+Torch-free: masks are numpy arrays here; the runner moves them to the device.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import llguidance
+import numpy as np
+
+# JSON as a model writes it: one space after ':' and ',', no free whitespace (a model that
+# may add whitespace anywhere can spend its whole budget on it)
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+ANY_OBJECT = '{"type": "object"}'
+# the regex analysis a constraint may cost when it is built (llguidance's default is 1 M,
+# ~20 ms; a pathological regex reached seconds): a mask step's own budget stays default
+LIMITS = llguidance.LLParserLimits(initial_lexer_fuel=300_000)
+COMPILED = 64           # compiled grammars a vocabulary keeps (agents resend their schemas)
+_SHARED: dict[tuple, Vocabulary] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+class GrammarError(ValueError):
+    """A constraint that does not compile; the message says why."""
+
+
+@dataclass(frozen=True)
+class StructuredOutputs:
+    """What a request's output must match: exactly one field is set (vLLM's names)."""
+
+    json: str | None = None                 # a JSON schema, as JSON text
+    json_object: bool = False               # any JSON object
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None   # exactly one of these strings
+    grammar: str | None = None              # a Lark (llguidance) or GBNF grammar
+
+    def __post_init__(self) -> None:
+        given = [f.name for f in fields(self) if getattr(self, f.name) not in (None, False)]
+        if len(given) != 1:
+            raise GrammarError("structured outputs take exactly one of json, json_object, "
+                               f"regex, choice or grammar; got {given or 'none'}")
+
+    def definition(self) -> str:
+        """The llguidance grammar text of this constraint (not yet checked)."""
+        if self.json is not None or self.json_object:
+            schema = self.json if self.json is not None else ANY_OBJECT
+            try:
+                json.loads(schema)
+                return llguidance.LLMatcher.grammar_from_json_schema(schema,
+                                                                     defaults=JSON_OPTIONS)
+            except (ValueError, RecursionError) as exc:
+                raise GrammarError(f"the JSON schema is not usable: {exc}") from None
+        if self.regex is not None:
+            return llguidance.LLMatcher.grammar_from_regex(self.regex)
+        if self.choice is not None:
+            if not self.choice or any(not isinstance(c, str) or not c for c in self.choice):
+                raise GrammarError("a choice must list one or more non-empty strings")
+            return llguidance.LLMatcher.grammar_from_lark(
+                "start: " + " | ".join(json.dumps(c) for c in self.choice))
+        try:
+            return llguidance.grammar_from("grammar", self.grammar)
+        except ValueError as exc:
+            raise GrammarError(str(exc)) from None
+
+
+class Vocabulary:
+    """The checkpoint's tokenizer as llguidance sees it, with the model's vocabulary width
+    (ids past the tokenizer's are never allowed) and its end-of-sequence token.
+
+    It keeps the last COMPILED grammars it compiled, each as a matcher that has read
+    nothing: a request's matcher is a copy, so a grammar is compiled once per process
+    however many requests (n choices, turns of an agent) use it. `shared` gives one
+    vocabulary per checkpoint in a process (the API server and an engine in a thread of
+    it share their compiles). Thread-safe: requests compile on preparation threads."""
+
+    def __init__(self, tokenizer_json: Path, vocab_size: int, eos_id: int | None):
+        text = Path(tokenizer_json).read_text()
+        self.vocab_size = vocab_size
+        self.words = (vocab_size + 31) // 32
+        try:
+            self.tokenizer = llguidance.LLTokenizer(text, n_vocab=vocab_size, eos_token=eos_id)
+        except ValueError as exc:
+            raise GrammarError(f"structured outputs cannot read this checkpoint's "
+                               f"tokenizer: {exc}") from None
+        self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def shared(tokenizer_json: Path, vocab_size: int, eos_id: int | None) -> Vocabulary:
+        """The process's vocabulary of these arguments, built by the first caller (the
+        others wait for it)."""
+        key = (Path(tokenizer_json), vocab_size, eos_id)
+        with _SHARED_LOCK:
+            if key not in _SHARED:
+                _SHARED[key] = Vocabulary(*key)
+            return _SHARED[key]
+
+    def check(self, constraint: StructuredOutputs) -> None:
+        """GrammarError if the constraint does not compile for this vocabulary, or cannot
+        give its first mask within the limits (what the runner will do first)."""
+        matcher = self.matcher(constraint)
+        self.bitmask(matcher)
+        if matcher.is_error():
+            raise GrammarError(_first_line(matcher.get_error()))
+
+    def matcher(self, constraint: StructuredOutputs) -> llguidance.LLMatcher:
+        """A fresh matcher of the constraint (compiled on first use, else a copy)."""
+        definition = constraint.definition()
+        with self._lock:
+            compiled = self._compiled.get(definition)
+            if compiled is not None:
+                self._compiled.move_to_end(definition)
+                return compiled.deep_copy()
+        compiled = llguidance.LLMatcher(self.tokenizer, definition, log_level=0, limits=LIMITS)
+        if compiled.is_error():
+            raise GrammarError(_first_line(compiled.get_error()))
+        with self._lock:
+            self._compiled[definition] = compiled
+            while len(self._compiled) > COMPILED:
+                self._compiled.popitem(last=False)
+            return compiled.deep_copy()
+
+    def bitmask(self, matcher: llguidance.LLMatcher) -> np.ndarray:
+        """The next position's allowed tokens: [words] int32, padded to the model's width."""
+        mask = np.zeros(self.words, np.int32)
+        got = np.frombuffer(matcher.compute_bitmask(), np.int32)
+        mask[: min(len(got), self.words)] = got[: self.words]
+        return mask
+
+
+@dataclass
+class _Follower:
+    matcher: llguidance.LLMatcher
+    consumed: int = 0                  # output tokens the matcher has read
+    mask: np.ndarray | None = None     # its mask after them, once computed
+
+
+class TokenMasks:
+    """The matchers of one runner's constrained requests, each kept in step with its
+    request's output: before a mask is computed, the matcher reads the output tokens it
+    has not seen (whatever committed them: a step, a preemption and re-admission on this
+    rank, a stop), so it never depends on the order the runner sees steps in.
+
+    mask() raises GrammarError for a request whose matcher fails (a token it refuses, a
+    lexer limit); the runner asks it inside the request's own guard, so that request
+    alone fails, and masks() then reads the cached masks."""
+
+    def __init__(self, vocabulary: Vocabulary):
+        self.vocabulary = vocabulary
+        self._followers: dict[str, _Follower] = {}
+
+    def mask(self, request) -> np.ndarray:
+        """[words] int32: the request's mask after its output so far."""
+        follower = self._follow(request)
+        if follower.mask is None:
+            follower.mask = self.vocabulary.bitmask(follower.matcher)
+            _check(follower.matcher)
+        return follower.mask
+
+    def masks(self, requests: list) -> np.ndarray:
+        """[n, words] int32: each request's mask (all ones for an unconstrained one)."""
+        out = np.full((len(requests), self.vocabulary.words), -1, np.int32)
+        for i, request in enumerate(requests):
+            if request.params.structured is not None:
+                out[i] = self.mask(request)
+        return out
+
+    def draft_masks(self, requests: list, drafts: list[int], tail: np.ndarray) -> np.ndarray:
+        """[n, words]: each constrained request's mask one token later, had it accepted its
+        draft; `tail` [n, words] are the masks before it. A draft the grammar refuses
+        cannot be accepted (its probability is 0), and after the grammar's end nothing
+        changes: such rows keep the tail's mask."""
+        out = tail.copy()
+        for i, (request, draft) in enumerate(zip(requests, drafts)):
+            if request.params.structured is None:
+                continue
+            matcher = self._follow(request).matcher
+            # a refused token would leave the matcher in its error state: check it first,
+            # and read the mask after it on a copy
+            if matcher.is_stopped() or matcher.validate_tokens([draft]) != 1:
+                continue
+            ahead = matcher.deep_copy()
+            if ahead.consume_token(draft):
+                mask = self.vocabulary.bitmask(ahead)
+                if not ahead.is_error():
+                    out[i] = mask
+        return out
+
+    def adopt(self, request_id: str, matcher: llguidance.LLMatcher) -> None:
+        """A fresh matcher (Vocabulary.matcher) compiled ahead for the request."""
+        self._followers[request_id] = _Follower(matcher)
+
+    def forget(self, request_id: str) -> None:
+        self._followers.pop(request_id, None)
+
+    def _follow(self, request) -> _Follower:
+        """The request's matcher, built on first use, having read its whole output."""
+        follower = self._followers.get(request.request_id)
+        output = request.output_ids
+        if follower is None or follower.consumed > len(output):
+            follower = _Follower(self.vocabulary.matcher(request.params.structured))
+            self._followers[request.request_id] = follower
+        if follower.consumed < len(output):
+            for token in output[follower.consumed:]:
+                if follower.matcher.is_stopped():     # past the grammar's end (ignore_eos)
+                    break
+                follower.matcher.consume_token(token)
+            follower.consumed, follower.mask = len(output), None
+            _check(follower.matcher)
+        return follower
+
+
+def _check(matcher: llguidance.LLMatcher) -> None:
+    if matcher.is_error():
+        raise GrammarError(f"the output left its grammar: {_first_line(matcher.get_error())}")
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else "unknown error"

@@ -1,0 +1,53 @@
+"""`--spec` resolved to its generated package, and refused when generated/ is older than
+the spec: serving code generated from another text of the spec would run other shapes
+than the file says, silently."""
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+import generated
+from contract.spec_digest import spec_digest
+
+REPO = Path(generated.__file__).resolve().parent.parent
+
+
+class StaleSpecError(ValueError):
+    """The spec file and its generated package disagree; the message says the fix."""
+
+
+def load_current(spec: str) -> ModuleType:
+    """The generated package for `spec` (a name, or a spec file that must exist), checked
+    against the spec file's text. A package whose spec file is absent (an installed copy
+    without specs/) is served as generated."""
+    given = _as_path(spec)
+    if given is not None and not given.is_file():
+        raise StaleSpecError(f"--spec {spec}: no such spec file")
+    try:
+        package = generated.load(spec)
+    except KeyError as exc:
+        raise StaleSpecError(exc.args[0]) from None
+    path = given or REPO / package.SPEC_PATH
+    if path.is_file() and spec_digest(path) != getattr(package, "SPEC_SHA256", None):
+        raise StaleSpecError(_stale(path, package))
+    return package
+
+
+def _as_path(spec: str) -> Path | None:
+    return Path(spec) if spec.endswith((".yaml", ".yml")) or "/" in spec else None
+
+
+def _stale(path: Path, package: ModuleType) -> str:
+    """One line: the spec, what is wrong with it (when it no longer validates) and the fix."""
+    from codegen.errors import SpecError
+    from codegen.pipeline import load_spec
+
+    folder = f"generated/{package.__name__.rsplit('.', 1)[-1]}/"
+    try:
+        load_spec(path)
+    except SpecError as exc:
+        first = str(exc).splitlines()[0]
+        return f"spec {path} no longer matches {folder} and does not validate: {first}"
+    fix = "make codegen" if path.resolve() == (REPO / package.SPEC_PATH).resolve() \
+        else f"v4serve codegen {path}"
+    return f"spec {path} has changed since {folder} was generated from it; run `{fix}`"

@@ -1,0 +1,160 @@
+"""`v4serve plan`: does a spec fit a device, and how many tokens of cache does each rank
+hold? From the spec alone (no weights, no device): the engine's own admission plan
+(runtime/planning/admission.py) on a device of --device-memory bytes per rank, so the figures
+are the ones a real run logs at start and reports on /server_info. (This module
+imports no torch; the generated package it reads does.)
+
+    v4serve plan --spec deepseek-v4-flash --device-memory 141GiB --max-model-len 1048576
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from runtime.planning.admission import Admission, ConfigError, least_pool_bytes
+from runtime.planning.memory_plan import MemoryPlan, weight_bytes
+
+GIB = 2**30
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from runtime.cli import add_limit_args, add_memory_args
+
+    parser = sub.add_parser(
+        "plan", help="how many tokens a spec's cache holds on a device, from the spec alone",
+        description="Weights per rank by kind, cache pool bytes per group, tokens per rank "
+                    "and the requests of --max-model-len tokens that run at once, for one "
+                    "replica of the spec on devices of --device-memory each; or how much "
+                    "memory is missing. Exit status 1 when it does not fit.")
+    add_limit_args(parser)
+    add_memory_args(parser, required=True)
+    parser.add_argument("--ranks", type=_positive, default=None,
+                        help="ranks of the replica, one device each; the routed experts "
+                             "split over them (default: the spec's)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.set_defaults(func=run)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a positive number of ranks")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    from runtime.cli import limit_fields
+    from runtime.engine.config import EngineConfig
+    from runtime.engine.spec_check import load_current
+
+    spec = load_current(args.spec)
+    config = EngineConfig(**limit_fields(args), device_memory=args.device_memory,
+                          gpu_memory_utilization=args.gpu_memory_utilization)
+    try:
+        result = report(Admission.plan(config, spec, args.ranks))
+    except ConfigError as exc:
+        result = _does_not_fit(config, spec, args.ranks, str(exc))
+    print(json.dumps(result, indent=2) if args.json else render(result))
+    return 0 if result["fits"] else 1
+
+
+def report(admission: Admission) -> dict[str, Any]:
+    """The figures of an admission plan: what `v4serve plan` prints, the startup log
+    shows and /server_info returns."""
+    spec, cap, limits, memory = (admission.spec, admission.capacity, admission.limits,
+                                 admission.memory)
+    ranks = memory.ranks if memory else spec.contract.RANKS
+    weights = memory.weights if memory else weight_bytes(spec)
+    groups = spec.pools.GROUPS
+    per_rank = admission.concurrency() // ranks if ranks else 0
+    return {
+        "fits": True, "spec": spec.SPEC_NAME, "spec_path": spec.SPEC_PATH, "ranks": ranks,
+        "spec_ranks": spec.contract.RANKS,
+        **_weights(spec, ranks, weights),
+        **(_device(memory) if memory else {"device_memory": None}),
+        "pools": {g: {"blocks": n, "bytes": n * groups[g].block_bytes}
+                  for g, n in sorted(cap.blocks.items())},
+        "pool_bytes_per_rank": cap.bytes, "tokens_per_rank": cap.tokens,
+        "tokens_per_replica": cap.tokens * ranks, "max_model_len": limits.max_model_len,
+        "max_num_seqs": limits.max_num_seqs,
+        "max_running_per_rank": limits.max_running_per_rank,
+        "max_concurrency": admission.concurrency(), "max_concurrency_per_rank": per_rank,
+    }
+
+
+def _weights(spec: Any, ranks: int, weights: Any) -> dict[str, Any]:
+    c = spec.contract
+    return {"weights_format": c.WEIGHTS_FORMAT, "released": {"dense": c.WEIGHTS_DENSE,
+                                                              "experts": c.WEIGHTS_EXPERTS},
+            "experts_per_rank": spec.architecture.CONFIG["n_routed_experts"] // ranks,
+            "weight_bytes_per_rank": {"dense": weights.dense, "experts": weights.experts,
+                                      "total": weights.total}}
+
+
+def _device(memory: MemoryPlan) -> dict[str, Any]:
+    return {"device_memory": memory.device_memory,
+            "gpu_memory_utilization": memory.utilization, "usable_bytes": memory.usable,
+            "workspace_bytes": memory.workspace}
+
+
+def _does_not_fit(config: Any, spec: Any, ranks: int | None, reason: str) -> dict[str, Any]:
+    """The figures of a deployment that does not fit: its weights, and the memory per
+    rank missing for them, the workspace and the pools of one max_model_len request."""
+    try:
+        limits, need = least_pool_bytes(config, spec)
+        memory = MemoryPlan.of(spec, config.device_memory, config.gpu_memory_utilization,
+                               limits, ranks)
+    except (ConfigError, ValueError) as exc:
+        raise SystemExit(f"v4serve plan: {exc}") from None
+    short = need - memory.pool_budget
+    return {"fits": False, "reason": reason, "spec": spec.SPEC_NAME,
+            "spec_path": spec.SPEC_PATH, "ranks": memory.ranks,
+            "spec_ranks": spec.contract.RANKS,
+            **_weights(spec, memory.ranks, memory.weights), **_device(memory),
+            "least_pool_bytes_per_rank": need, "shortfall_per_rank": short,
+            "shortfall_per_replica": short * memory.ranks,
+            "max_model_len": limits.max_model_len}
+
+
+def render(r: dict[str, Any]) -> str:
+    """The figures as text."""
+    w = r["weight_bytes_per_rank"]
+    lines = [f"spec {r['spec']} ({r['spec_path']}): {r['ranks']} ranks, weights "
+             f"{r['weights_format']} (release: dense {r['released']['dense']}, routed "
+             f"experts {r['released']['experts']})"]
+    if r["ranks"] != r["spec_ranks"]:
+        lines.append(f"(the spec serves {r['spec_ranks']} ranks: serving {r['ranks']} takes "
+                     f"a spec with topology ranks, dp and ep {r['ranks']})")
+    if r["device_memory"] is not None:
+        lines.append(f"device memory   {_gib(r['device_memory'])} per rank x "
+                     f"{r['gpu_memory_utilization']} = {_gib(r['usable_bytes'])} usable")
+    lines.append(f"weights         {_gib(w['total'])} per rank: dense (replicated) "
+                 f"{_gib(w['dense'])}, routed experts ({r['experts_per_rank']} per rank) "
+                 f"{_gib(w['experts'])}")
+    if "workspace_bytes" in r:
+        lines.append(f"workspace       {_gib(r['workspace_bytes'])} per rank (estimate)")
+    if not r["fits"]:
+        lines.append(f"does not fit: {_gib(r['shortfall_per_rank'])} per rank short "
+                     f"({_gib(r['shortfall_per_replica'])} over the {r['ranks']} ranks) of "
+                     f"the weights, the workspace and {_gib(r['least_pool_bytes_per_rank'])} "
+                     f"of pools for one request of {r['max_model_len']:,} tokens")
+        lines.append(f"reason: {r['reason']}")
+        return "\n".join(lines)
+    lines.append(f"cache pools     {_gib(r['pool_bytes_per_rank'])} per rank:")
+    for group, pool in r["pools"].items():
+        lines.append(f"  {group:<16} {pool['blocks']:>10,} blocks  {_gib(pool['bytes'])}")
+    lines.append(f"cache capacity  {r['tokens_per_rank']:,} tokens per rank, "
+                 f"{r['tokens_per_replica']:,} per replica")
+    lines.append(f"concurrency     {r['max_concurrency']} requests of {r['max_model_len']:,} "
+                 f"tokens at once ({r['max_concurrency_per_rank']} per rank; at most "
+                 f"{r['max_running_per_rank']} run per rank, {r['max_num_seqs']} in all)")
+    return "\n".join(lines)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:,.2f} GiB"
+

@@ -1,0 +1,150 @@
+"""The engine core: the scheduler and the model runner in a busy loop, in a process of
+their own, so that no API-server work (HTTP, JSON, tokenization, detokenization, SSE)
+takes the interpreter from a step.
+
+    python -m runtime.process.engine_core --config JSON --input ADDR --output ADDR --parent PID
+
+It pulls Add / Abort / Shutdown from --input and pushes, per step, one Step message (the
+deltas, the refusals, the metrics snapshot) to --output; see core_messages.py. Ready is
+sent once the engine is built and warmed up (graphs loaded; missing ones compile in a
+background process meanwhile). When the shared step fails it sends Dead and exits 1; it
+exits when its parent does, whatever killed the parent.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+import traceback
+
+import msgspec
+import zmq
+
+from runtime.engine.engine import Engine, EngineConfig, RequestOutput
+from runtime.process.core_messages import (
+    Abort,
+    Add,
+    Dead,
+    Delta,
+    Ready,
+    Refused,
+    Shutdown,
+    Step,
+    ToCore,
+)
+from runtime.process.parent_watch import arm_death_signal, die_with_parent
+
+log = logging.getLogger("v4serve.core")
+IDLE_POLL_MS = 500
+
+
+class EngineCore:
+    def __init__(self, engine: Engine, inbox: zmq.Socket, outbox: zmq.Socket):
+        self.engine, self.inbox, self.outbox = engine, inbox, outbox
+        self.encoder, self.decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(ToCore)
+        self.refused: list[Refused] = []
+
+    def send(self, message) -> None:
+        self.outbox.send(self.encoder.encode(message), copy=False)
+
+    def run(self) -> None:
+        """Steps while there is work; waits for messages when there is none. Returns on
+        Shutdown; raises what a step raised."""
+        while True:
+            taken = self._take(block=not self.engine.has_unfinished())
+            if taken is None:
+                return
+            deltas = [_delta(o) for o in self.engine.step()] \
+                if self.engine.has_unfinished() else []
+            if deltas or taken:          # an abort alone changes the metrics too
+                self.send(Step(deltas, self.refused, self.engine.snapshot()))
+                self.refused = []
+
+    def _take(self, block: bool) -> int | None:
+        """Apply every message waiting (after waiting for one if `block`); how many, or
+        None on Shutdown."""
+        if block and not self.inbox.poll(IDLE_POLL_MS):
+            return 0
+        taken = 0
+        while self.inbox.poll(0):
+            message = self.decoder.decode(self.inbox.recv(copy=False))
+            taken += 1
+            if isinstance(message, Shutdown):
+                return None
+            if isinstance(message, Abort):
+                for request_id in message.request_ids:
+                    self.engine.abort(request_id)
+            elif isinstance(message, Add):
+                self._add(message)
+        return taken
+
+    def _add(self, message: Add) -> None:
+        try:
+            self.engine.add_request(message.prompt_ids, message.params, message.request_id)
+        except ValueError as exc:                   # refused: the client's to fix
+            self.refused.append(Refused(message.request_id, str(exc),
+                                        getattr(exc, "param", None), True))
+        except Exception as exc:  # noqa: BLE001 - this request's failure alone
+            self.refused.append(Refused(message.request_id, f"{type(exc).__name__}: {exc}",
+                                        None, False))
+
+
+def _delta(out: RequestOutput) -> Delta:
+    logprobs = [(lp.token, lp.logprob, [tuple(t) for t in lp.top]) for lp in out.logprobs]
+    return Delta(out.request_id, out.new_ids, out.finished, out.finish_reason,
+                 out.stop_reason, logprobs, out.error, out.num_cached_tokens)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runtime.process.engine_core",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="EngineConfig fields as JSON")
+    parser.add_argument("--input", required=True, help="ZMQ address to pull requests from")
+    parser.add_argument("--output", required=True, help="ZMQ address to push outputs to")
+    parser.add_argument("--parent", type=int, required=True, help="exit when this pid does")
+    args = parser.parse_args(argv)
+    die_with_parent(args.parent)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    context = zmq.Context()
+    inbox, outbox = context.socket(zmq.PULL), context.socket(zmq.PUSH)
+    inbox.connect(args.input)
+    outbox.connect(args.output)
+    outbox.setsockopt(zmq.LINGER, 5000)
+    encoder = msgspec.msgpack.Encoder()
+    compiling, engine = None, None
+    try:
+        engine = Engine.build(EngineConfig(**json.loads(args.config)))
+        engine.warmup()
+        compiling = _compile_missing(engine)
+        outbox.send(encoder.encode(Ready(engine.summary(), engine.snapshot())))
+        EngineCore(engine, inbox, outbox).run()
+        return 0
+    except Exception as exc:  # noqa: BLE001 - reported to the server, then exit
+        traceback.print_exc()
+        outbox.send(encoder.encode(Dead(f"{type(exc).__name__}: {exc}")))
+        return 1
+    finally:
+        if compiling is not None and compiling.poll() is None:
+            compiling.terminate()
+        if engine is not None:
+            engine.close()                   # rank workers (mp), every one reaped
+        context.destroy(linger=5000)
+
+
+def _compile_missing(engine: Engine) -> subprocess.Popen | None:
+    """Start compiling the graphs that have no artifact yet, in the background."""
+    from runtime.cli import precompile_command
+
+    pending = engine.pending_graphs()
+    if not pending:
+        return None
+    process = subprocess.Popen(precompile_command(engine.config), preexec_fn=arm_death_signal)
+    log.info("%d graph(s) are not compiled yet: compiling them in the background (pid %d); "
+             "they run eagerly meanwhile", pending, process.pid)
+    return process
+
+
+if __name__ == "__main__":
+    sys.exit(main())
