@@ -88,11 +88,7 @@ class ServerState:
         if self._vocabulary is None:
             if self.tokenizer is None:
                 raise bad_request("structured outputs need the checkpoint's tokenizer")
-            config = self.spec.architecture.CONFIG
-            eos = self.tokenizer.eos_id
-            self._vocabulary = Vocabulary.shared(
-                self.tokenizer.path, config["vocab_size"],
-                config.get("eos_token_id") if eos is None else eos)
+            self._vocabulary = Vocabulary.of(self.tokenizer, self.spec.architecture.CONFIG)
         return self._vocabulary
 
     @property

@@ -499,10 +499,7 @@ class ModelRunner:
         path = self.checkpoint / "tokenizer.json" if self.checkpoint else None
         if path is None or not path.exists():
             raise GrammarError("structured outputs need the checkpoint's tokenizer.json")
-        eos = Tokenizer(self.checkpoint).eos_id
-        config = self.spec.architecture.CONFIG
-        return Vocabulary.shared(path, config["vocab_size"],
-                                 config.get("eos_token_id") if eos is None else eos)
+        return Vocabulary.of(Tokenizer(self.checkpoint), self.spec.architecture.CONFIG)
 
     def _masks_of(self, requests: list[Request]) -> np.ndarray | None:
         """[n, ceil(V / 32)] int32: each row's grammar mask for its next token (None: no

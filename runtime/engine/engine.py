@@ -28,7 +28,7 @@ from runtime.core.scheduler import SchedulerOutput
 from runtime.device.model_runner import ModelRunner, StepResult, TokenLogprobs
 from runtime.engine.config import EngineConfig  # noqa: F401  (re-exported)
 from runtime.engine.detokenizer import Detokenizer
-from runtime.engine.tokenizer import Tokenizer
+from runtime.engine.tokenizer import Tokenizer, eos_token_id
 from runtime.executor.workers import Workers
 from runtime.planning import plan_report
 from runtime.planning.admission import Admission, ConfigError  # noqa: F401  (ConfigError: re-exported)
@@ -220,9 +220,7 @@ class Engine:
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        eos = self.spec.architecture.CONFIG["eos_token_id"]
-        if self.tokenizer and self.tokenizer.eos_id is not None:
-            eos = self.tokenizer.eos_id
+        eos = eos_token_id(self.tokenizer, self.spec.architecture.CONFIG)
         request = Request(request_id, ids, params, next(self._arrival), eos)
         detok = Detokenizer(self.tokenizer, params.stop) \
             if self.tokenizer and self.config.detokenize else None

@@ -15,11 +15,14 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 import llguidance
 import numpy as np
+
+from runtime.engine.tokenizer import Tokenizer, eos_token_id
 
 # JSON as a model writes it: one space after ':' and ',', no free whitespace (a model that
 # may add whitespace anywhere can spend its whole budget on it)
@@ -107,6 +110,13 @@ class Vocabulary:
             if key not in _SHARED:
                 _SHARED[key] = Vocabulary(*key)
             return _SHARED[key]
+
+    @staticmethod
+    def of(tokenizer: Tokenizer, config: Mapping) -> Vocabulary:
+        """The shared vocabulary of a checkpoint's tokenizer under the model's config.json
+        (its vocab_size; its eos_token_id where the tokenizer names none)."""
+        return Vocabulary.shared(tokenizer.path, config["vocab_size"],
+                                 eos_token_id(tokenizer, config))
 
     def check(self, constraint: StructuredOutputs) -> None:
         """GrammarError if the constraint does not compile for this vocabulary, or cannot

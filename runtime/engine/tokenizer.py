@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from functools import cached_property
 from pathlib import Path
 
@@ -143,3 +143,11 @@ class Tokenizer:
 
     def token_text(self, token_id: int) -> str:
         return self._tok.id_to_token(token_id) or ""
+
+
+def eos_token_id(tokenizer: Tokenizer | None, config: Mapping) -> int | None:
+    """The id that ends a generation: the tokenizer's eos token where it names one, else
+    config.json's eos_token_id (the one rule the engine, the runner and the server share)."""
+    if tokenizer is not None and tokenizer.eos_id is not None:
+        return tokenizer.eos_id
+    return config.get("eos_token_id")
