@@ -9,52 +9,11 @@ scratch page: -1 block-table entries and padded rows read and write there.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from codegen.plan import Plan, PoolPlan
-
-# Columns of a rank's int64 MTP slot table [slots + 1, len(MTP_SLOT_FIELDS)].
-MTP_SLOT_FIELDS = ("tail_token", "tail_pos", "committed", "generation")
+from contract.abi import MTP_SLOT_FIELDS, Arg, KernelABI
 
 
-@dataclass(frozen=True)
-class ArgPlan:
-    """One argument of a kernel.
-
-    role:     input | metadata | pool | weight | scalar | output
-    shape:    ints, "ranks" for the ranks the wrapper drives, "extent" for the dynamic
-              prefill extent, "blocks" for a pool's runtime block count (+1 scratch)
-    staged:   host data is copied into a buffer the wrapper allocates once and reuses
-    """
-
-    name: str
-    role: str
-    dtype: str | None
-    shape: tuple[int | str, ...]
-    expr: str
-    doc: str
-    staged: bool = False
-
-
-@dataclass(frozen=True)
-class KernelPlan:
-    """One fixed kernel specialization and its launch ABI."""
-
-    name: str
-    kind: str
-    class_name: str
-    doc: str
-    rows: int            # request rows per rank: prefill slots or decode batch
-    seq: int | None      # tokens per decode row; None for prefill kernels
-    k: int | None        # speculative tokens of a decode layout; None for prefill
-    dynamic_extent: bool
-    args: tuple[ArgPlan, ...]
-
-    def by_role(self, role: str) -> tuple[ArgPlan, ...]:
-        return tuple(a for a in self.args if a.role == role)
-
-
-def kernel_plans(plan: Plan) -> tuple[KernelPlan, ...]:
+def kernel_plans(plan: Plan) -> tuple[KernelABI, ...]:
     """Every kernel of a spec: main prefill, MTP prefill, one decode per layout."""
     kernels = [_prefill_main(plan, plan.has_mtp)]
     if plan.has_mtp:
@@ -65,15 +24,19 @@ def kernel_plans(plan: Plan) -> tuple[KernelPlan, ...]:
     return tuple(kernels)
 
 
-def _class_name(batch: int, seq: int) -> str:
-    return f"DecodeB{batch}S{seq}"
+def _kernel(plan: Plan, name: str, kind: str, doc: str, rows: int, seq: int | None,
+            k: int | None, args: tuple[Arg, ...]) -> KernelABI:
+    return KernelABI(spec=plan.spec_name, name=name, kind=kind, doc=doc, rows=rows, seq=seq,
+                     k=k, args=args, tile=plan.tile, max_extent=plan.max_extent,
+                     ranks=plan.ranks, backend=dict(plan.topology)["backend"],
+                     fingerprint=plan.fingerprint, context_buckets=plan.context_buckets)
 
 
-def _staged(name: str, role: str, dtype: str, shape: tuple, expr: str, doc: str) -> ArgPlan:
-    return ArgPlan(name, role, dtype, shape, expr, doc, staged=True)
+def _staged(name: str, role: str, dtype: str, shape: tuple, expr: str, doc: str) -> Arg:
+    return Arg(name, role, dtype, shape, expr, doc, staged=True)
 
 
-def _block_tables(plan: Plan, rows: int, rows_sym: str) -> list[ArgPlan]:
+def _block_tables(plan: Plan, rows: int, rows_sym: str) -> list[Arg]:
     return [
         _staged(f"block_table_{p.name}", "metadata", "int32", ("ranks", rows, p.table_width),
                 f"[ranks, {rows_sym}, {p.table_width}]",
@@ -83,21 +46,21 @@ def _block_tables(plan: Plan, rows: int, rows_sym: str) -> list[ArgPlan]:
     ]
 
 
-def _pool_arg(p: PoolPlan) -> ArgPlan:
-    return ArgPlan(f"pool_{p.name}", "pool", p.dtype,
+def _pool_arg(p: PoolPlan) -> Arg:
+    return Arg(f"pool_{p.name}", "pool", p.dtype,
                    ("ranks", len(p.layers), "blocks", p.rows_per_page, p.row_width),
                    "[ranks, layers, blocks + 1, rows, width]", p.doc)
 
 
 def _model_args(plan: Plan, rows: int, rows_sym: str,
-                extra_pools: tuple[ArgPlan, ...] = ()) -> list[ArgPlan]:
+                extra_pools: tuple[Arg, ...] = ()) -> list[Arg]:
     """Block tables, pools and weights: what every main-model kernel reads."""
     pools = [_pool_arg(p) for p in plan.pools]
     return [*_block_tables(plan, rows, rows_sym), *pools, *extra_pools, _weights()]
 
 
-def _weights() -> ArgPlan:
-    return ArgPlan("weights", "weight", None, (), "handle",
+def _weights() -> Arg:
+    return Arg("weights", "weight", None, (), "handle",
                    "loaded model weights; their fingerprint must match this spec's model")
 
 
@@ -105,7 +68,7 @@ def _hidden_shape(plan: Plan) -> tuple[int, int]:
     return (plan.hc_mult, plan.hidden_size)
 
 
-def _prefill_main(plan: Plan, has_mtp: bool) -> KernelPlan:
+def _prefill_main(plan: Plan, has_mtp: bool) -> KernelABI:
     R, S, W = "ranks", plan.slots_per_rank, plan.mtp_window
     args = [
         _staged("token_ids", "input", "int64", (R, S, "extent"), "[ranks, slots, extent]",
@@ -115,26 +78,25 @@ def _prefill_main(plan: Plan, has_mtp: bool) -> KernelPlan:
         _staged("chunk_lens", "metadata", "int32", (R, S), "[ranks, slots]",
                 "valid tokens per slot; 0 marks an empty slot"),
         *_model_args(plan, S, "slots"),
-        ArgPlan("extent", "scalar", None, (), "int", "padded rows per slot: a tile multiple"),
-        ArgPlan("logits", "output", "float32", (R, S, plan.vocab_size), "[ranks, slots, vocab]",
+        Arg("extent", "scalar", None, (), "int", "padded rows per slot: a tile multiple"),
+        Arg("logits", "output", "float32", (R, S, plan.vocab_size), "[ranks, slots, vocab]",
                 "logits of each slot's last valid row"),
     ]
     if has_mtp:
-        args.append(ArgPlan("mtp_hidden", "output", plan.dtype, (R, S, W, *_hidden_shape(plan)),
+        args.append(Arg("mtp_hidden", "output", plan.dtype, (R, S, W, *_hidden_shape(plan)),
                             "[ranks, slots, mtp_window, hc_mult, hidden]",
                             "pre-hc_head streams of each slot's last min(mtp_window, chunk_len) "
                             "rows, row 0 first"))
     doc = (f"Main-model prefill: up to {S} chunks per rank, each a dynamic extent of at most "
            f"{plan.max_extent} rows walked in {plan.tile}-row tiles.")
-    return KernelPlan("prefill_main", "prefill_main", "PrefillMain", doc, S, None, None, True,
-                      tuple(args))
+    return _kernel(plan, "prefill_main", "prefill_main", doc, S, None, None, tuple(args))
 
 
-def _prefill_mtp(plan: Plan) -> KernelPlan:
+def _prefill_mtp(plan: Plan) -> KernelABI:
     R, S, W = "ranks", plan.slots_per_rank, plan.mtp_window
     ori = next(p for p in plan.pools if p.name == "ori")
     args = (
-        ArgPlan("mtp_hidden", "input", plan.dtype, (R, S, W, *_hidden_shape(plan)),
+        Arg("mtp_hidden", "input", plan.dtype, (R, S, W, *_hidden_shape(plan)),
                 "[ranks, slots, mtp_window, hc_mult, hidden]",
                 "the main prefill's mtp_hidden output"),
         _staged("next_ids", "input", "int64", (R, S, W), "[ranks, slots, mtp_window]",
@@ -149,16 +111,16 @@ def _prefill_mtp(plan: Plan) -> KernelPlan:
     )
     doc = (f"MTP prefill: rebuilds the MTP layer's sliding KV from the last {W} pre-hc_head "
            "rows of a main prefill and the tokens that follow them.")
-    return KernelPlan("prefill_mtp", "prefill_mtp", "PrefillMtp", doc, S, None, None, False, args)
+    return _kernel(plan, "prefill_mtp", "prefill_mtp", doc, S, None, None, args)
 
 
-def _context() -> ArgPlan:
-    return ArgPlan("context", "scalar", None, (), "int",
+def _context() -> Arg:
+    return Arg("context", "scalar", None, (), "int",
                    "positions the longest row reaches (its position + seq): the decode graph "
                    "of the smallest context bucket holding it serves the launch")
 
 
-def _decode(plan: Plan, k: int, batch: int, seq: int, name: str) -> KernelPlan:
+def _decode(plan: Plan, k: int, batch: int, seq: int, name: str) -> KernelABI:
     R = "ranks"
     args = (
         _staged("token_ids", "input", "int64", (R, batch, seq), "[ranks, batch, seq]",
@@ -169,14 +131,14 @@ def _decode(plan: Plan, k: int, batch: int, seq: int, name: str) -> KernelPlan:
                 f"tokens per row: {seq}, or 0 for an empty row"),
         *_model_args(plan, batch, "batch"),
         _context(),
-        ArgPlan("logits", "output", "float32", (R, batch, seq, plan.vocab_size),
+        Arg("logits", "output", "float32", (R, batch, seq, plan.vocab_size),
                 "[ranks, batch, seq, vocab]", "logits of every row token"),
     )
     doc = f"Decode B{batch}S{seq}: {batch} rows of {seq} token per rank, no speculation."
-    return KernelPlan(name, "decode", _class_name(batch, seq), doc, batch, seq, k, False, args)
+    return _kernel(plan, name, "decode", doc, batch, seq, k, args)
 
 
-def _decode_mtp(plan: Plan, k: int, batch: int, seq: int, name: str) -> KernelPlan:
+def _decode_mtp(plan: Plan, k: int, batch: int, seq: int, name: str) -> KernelABI:
     R, N = "ranks", plan.request_slots_per_rank + 1
     hidden = _hidden_shape(plan)
     args = (
@@ -189,21 +151,21 @@ def _decode_mtp(plan: Plan, k: int, batch: int, seq: int, name: str) -> KernelPl
                 "tokens the first draft may take (bit t % 32 of word t // 32): a "
                 "constrained row's grammar mask at its tail; all bits set for the others"),
         *_model_args(plan, batch, "batch", extra_pools=(
-        ArgPlan("mtp_slots", "pool", "int64", (R, N, len(MTP_SLOT_FIELDS)),
+        Arg("mtp_slots", "pool", "int64", (R, N, len(MTP_SLOT_FIELDS)),
                 f"[ranks, slots + 1, {len(MTP_SLOT_FIELDS)}]",
                 "per slot: " + ", ".join(MTP_SLOT_FIELDS) + "; the last slot is scratch"),
-        ArgPlan("mtp_slot_hidden", "pool", plan.dtype, (R, N, *hidden),
+        Arg("mtp_slot_hidden", "pool", plan.dtype, (R, N, *hidden),
                 "[ranks, slots + 1, hc_mult, hidden]",
                 "per slot: pre-hc_head streams of the row before the tail token"),
         )),
         _context(),
-        ArgPlan("logits", "output", "float32", (R, batch, seq, plan.vocab_size),
+        Arg("logits", "output", "float32", (R, batch, seq, plan.vocab_size),
                 "[ranks, batch, seq, vocab]", "main-model logits of rows [tail, drafts...]"),
-        ArgPlan("hidden", "output", plan.dtype, (R, batch, seq, *hidden),
+        Arg("hidden", "output", plan.dtype, (R, batch, seq, *hidden),
                 "[ranks, batch, seq, hc_mult, hidden]", "pre-hc_head streams of every row token"),
-        ArgPlan("draft_ids", "output", "int64", (R, batch, k), "[ranks, batch, k]",
+        Arg("draft_ids", "output", "int64", (R, batch, k), "[ranks, batch, k]",
                 "the MTP drafts this step verified"),
     )
     doc = (f"Fused decode + MTP draft B{batch}S{seq} (K={k}): per row, drafts {k} token(s) "
            "from the slot's state, then runs the main model on [tail, drafts].")
-    return KernelPlan(name, "decode_mtp", _class_name(batch, seq), doc, batch, seq, k, False, args)
+    return _kernel(plan, name, "decode_mtp", doc, batch, seq, k, args)

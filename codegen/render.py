@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
 
-from codegen.abi import MTP_SLOT_FIELDS, ArgPlan, KernelPlan, kernel_plans
-from codegen.plan import Plan
+from codegen.abi import kernel_plans
+from codegen.plan import Plan, PoolPlan
+from contract.abi import MTP_SLOT_FIELDS, Arg, KernelABI
 
 TEMPLATES = Path(__file__).parent / "templates"
 WIDTH = 99  # the longest line a template renders through `call` or `packed`
@@ -23,27 +25,6 @@ def _py(value: object) -> str:
     if isinstance(value, dict):
         return "{" + ", ".join(f"{_py(k)}: {_py(v)}" for k, v in value.items()) + "}"
     return repr(value)
-
-
-def _call(items: list[str], func: str, indent: int = 0, suffix: str = "") -> str:
-    """`func(items...)` at `indent`: on one line if it fits, else its items on one
-    indented line, else one item per line (black's layout)."""
-    pad, inner = " " * indent, " " * (indent + 4)
-    one = f"{pad}{func}({', '.join(items)}){suffix}"
-    if len(one) <= WIDTH:
-        return one
-    flat = f"{inner}{', '.join(items)},"
-    if len(flat) <= WIDTH:
-        return f"{pad}{func}(\n{flat}\n{pad}){suffix}"
-    return f"{pad}{func}(\n" + "".join(f"{inner}{item},\n" for item in items) + f"{pad}){suffix}"
-
-
-def _import(names: list[str], module: str) -> str:
-    """`from module import names`, parenthesized one per line when too long."""
-    line = f"from {module} import {', '.join(names)}"
-    if len(line) <= WIDTH:
-        return line
-    return f"from {module} import (\n" + "".join(f"    {n},\n" for n in names) + ")"
 
 
 def _packed(value: object, indent: int) -> str:
@@ -66,43 +47,82 @@ def _packed(value: object, indent: int) -> str:
     return "(\n" + "\n".join(lines) + "\n" + " " * indent + ")"
 
 
-def _torch_dtype(name: str | None) -> str:
-    return "None" if name is None else f"torch.{name}"
+@dataclass(frozen=True)
+class _Text:
+    """A keyword's string value, broken at spaces where a line fills (implicit
+    concatenation)."""
+
+    keyword: str
+    value: str
 
 
-def _arg_shape(shape: tuple) -> str:
-    return _py(tuple(None if isinstance(d, str) else d for d in shape))
+def _packed_call(func: str, items: list[str | _Text], indent: int) -> str:
+    """`func(items...),` with the items packed up to WIDTH, continuation lines indented
+    by `indent` + 4."""
+    return _pack(items, " " * indent + func + "(", " " * (indent + 4), "),")
 
 
-_BUF_DIMS = {"extent": "MAX_EXTENT", "ranks": "self.ranks"}
+def _pack(items: list[str | _Text], first: str, inner: str, end: str) -> str:
+    """The items comma-separated from `first` on, lines broken before WIDTH, then `end`."""
+    lines, line = [], first
+    for i, item in enumerate(items):
+        tail = end if i == len(items) - 1 else ","
+        if isinstance(item, _Text):
+            line = _pack_text(item, line, inner, tail, lines)
+            continue
+        if len(line) + len(item) + len(tail) > WIDTH and line.strip() \
+                and not line.endswith("("):
+            lines.append(line.rstrip())
+            line = inner
+        line += item + tail + " "
+    lines.append(line.rstrip())
+    return "\n".join(lines)
 
 
-def _buf_shape(shape: tuple) -> str:
-    return _py(tuple(_BUF_DIMS.get(d, d) for d in shape)).replace('"', "")
+def _pack_text(text: _Text, line: str, inner: str, tail: str, lines: list[str]) -> str:
+    """Append `keyword="..."` to `line`: on a new line when it fits there whole but not
+    here, else broken between words at WIDTH; returns the open line."""
+    words, whole = text.value.split(" "), len(text.keyword) + len(_py(text.value)) + 2
+    if len(line) + whole + len(tail) > WIDTH and len(inner) + whole + len(tail) <= WIDTH \
+            or len(line) + len(text.keyword) + len(words[0]) + 4 > WIDTH:
+        lines.append(line.rstrip())
+        line = inner
+    line, chunk = line + text.keyword + "=", ""
+    for word in words:
+        piece = f"{chunk} {word}" if chunk else word
+        if len(line) + len(_py(piece + " ")) + len(tail) > WIDTH and chunk:
+            lines.append(line + _py(chunk + " "))
+            line, piece = inner, word
+        chunk = piece
+    return line + _py(chunk) + tail + " "
 
 
-def _source(arg: ArgPlan) -> str:
-    """Where marshal() takes a passed-through tensor from: its keyword, or a pool field."""
-    if arg.name.startswith("pool_"):
-        return "pools." + arg.name.removeprefix("pool_")
-    return {"mtp_slots": "mtp.slots", "mtp_slot_hidden": "mtp.hidden"}.get(arg.name, arg.name)
+def _arg_call(arg: Arg) -> str:
+    """One Arg(...) of a kernel's table, at the table's indent."""
+    items: list = [_py(arg.name), _py(arg.role), _py(arg.dtype), _py(arg.shape), _py(arg.expr)]
+    if arg.staged:
+        items.append("staged=True")
+    if arg.doc:
+        items.append(_Text("doc", arg.doc))
+    return _packed_call("Arg", items, 8)
 
 
-def _arg_type(arg: ArgPlan) -> str:
-    return {"weight": "object", "scalar": "int"}.get(arg.role, "torch.Tensor")
+def _kernel_head(kernel: KernelABI) -> str:
+    """The fields of a KernelABI that codegen decides, as keyword lines."""
+    items = [f"spec={_py(kernel.spec)}", f"name={_py(kernel.name)}",
+             f"kind={_py(kernel.kind)}", f"rows={kernel.rows}", f"seq={kernel.seq}",
+             f"k={kernel.k}", _Text("doc", kernel.doc)]
+    return _pack(items, "    ", "    ", ",")
 
 
-def _helpers(kernel: KernelPlan) -> list[str]:
-    """The runtime.device.abi check/stage helpers a kernel's marshal() calls."""
-    used = {"check_weights"}
-    for arg in kernel.args:
-        if arg.staged:
-            used.add("stage")
-        elif arg.role in ("input", "pool"):
-            used.add("check_tensor")
-    if kernel.dynamic_extent:
-        used.add("check_extent")
-    return sorted(used)
+def _group_call(pool: PoolPlan) -> str:
+    """One group's PoolGroup(...) entry of GROUPS, with its doc."""
+    doc = pool.doc + (f"; {pool.ring_rule}" if pool.ring_rule else "")
+    fields = [f"{name}={_py(getattr(pool, name))}" for name in
+              ("layers", "rows_per_page", "row_width", "dtype", "policy", "tokens_per_row",
+               "ring_pages", "table_width", "page_bytes", "block_bytes", "formula")]
+    return _packed_call(f"{_py(pool.name)}: PoolGroup", [_py(pool.name), *fields,
+                                                         _Text("doc", doc)], 4)
 
 
 def environment() -> jinja2.Environment:
@@ -114,9 +134,8 @@ def environment() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         autoescape=False,
     )
-    env.filters.update(py=_py, torch_dtype=_torch_dtype, arg_shape=_arg_shape,
-                       buf_shape=_buf_shape, source=_source, arg_type=_arg_type, call=_call,
-                       imports=_import, packed=_packed)
+    env.filters.update(py=_py, packed=_packed, arg_call=_arg_call,
+                       kernel_head=_kernel_head, group_call=_group_call)
     return env
 
 
@@ -131,13 +150,9 @@ def render_package(plan: Plan, env: jinja2.Environment | None = None) -> dict[st
         f"{root}/contract.py": env.get_template("contract.py.j2").render(plan=plan),
         f"{root}/pools.py": env.get_template("pools.py.j2").render(
             plan=plan, mtp_slot_fields=MTP_SLOT_FIELDS),
-        f"{root}/kernels/__init__.py": env.get_template("kernels_init.py.j2").render(
+        f"{root}/kernels.py": env.get_template("kernels.py.j2").render(
             plan=plan, kernels=kernels),
     }
-    kernel_template = env.get_template("kernel.py.j2")
-    for kernel in kernels:
-        files[f"{root}/kernels/{kernel.name}.py"] = kernel_template.render(
-            plan=plan, k=kernel, helpers=_helpers(kernel))
     return files
 
 

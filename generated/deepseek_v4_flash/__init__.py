@@ -3,8 +3,8 @@
 
 architecture   the model section (config.json keys), layer kinds, weight fingerprint
 contract       prefill/decode shapes, limits, topology, effective extent
-pools          the seven pool groups and the allocator of their rank-sharded tensors
-kernels        one launch wrapper per kernel specialization
+pools          the pool groups: geometry, dtype, policy, blocks per request
+kernels        the launch ABI of every kernel specialization
 """
 from __future__ import annotations
 

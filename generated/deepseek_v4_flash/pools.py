@@ -1,8 +1,9 @@
 # @generated from specs/deepseek-v4-flash.yaml by codegen — do not edit
-"""Pool groups of spec `deepseek-v4-flash` and the allocator of their stacked tensors.
+"""Pool groups of spec `deepseek-v4-flash`.
 
-Group g is one tensor [ranks, layers, blocks + 1, rows_per_page, row_width]; scheduler
-block b of g owns page b in every layer of g; the last block is the scratch page. Block ids are rank-local and owned by the
+Group g is one tensor [ranks, layers, blocks + 1, rows_per_page, row_width] per device
+(runtime/device/pools.py allocates it); scheduler block b of g owns page b in every layer
+of g; the last block is the scratch page. Block ids are rank-local and owned by the
 scheduler. Ring groups address position p at page (p // rows_per_page) % ring_pages of
 the request's ring; full groups keep every compressed entry.
 
@@ -18,224 +19,51 @@ the request's ring; full groups keep every compressed entry.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 
-import torch
-
-from runtime.device.abi import PoolGroup
-
-RANKS = 8
-
-
-def ori_blocks(num_tokens: int) -> int:
-    """ori: min(3, ceil(len / 128)); ring = ceil((window - 1 + in_flight) / block_size) + 1 with
-    window 128, in_flight 2 (the widest decode row)."""
-    return min(3, -(-num_tokens // 128))
-
-
-def cmp_c128_blocks(num_tokens: int) -> int:
-    """cmp_c128: ceil((len // 128) / 1)."""
-    return -(-(num_tokens // 128) // 1)
-
-
-def cmp_c4_blocks(num_tokens: int) -> int:
-    """cmp_c4: ceil((len // 4) / 32)."""
-    return -(-(num_tokens // 4) // 32)
-
-
-def idx_blocks(num_tokens: int) -> int:
-    """idx: ceil((len // 4) / 32)."""
-    return -(-(num_tokens // 4) // 32)
-
-
-def hca_state_blocks(num_tokens: int) -> int:
-    """hca_state: min(16, ceil(len / 8)); ring = state span 128 / rows_per_page 8."""
-    return min(16, -(-num_tokens // 8))
-
-
-def csa_state_blocks(num_tokens: int) -> int:
-    """csa_state: min(2, ceil(len / 4)); ring = state span 8 / rows_per_page 4."""
-    return min(2, -(-num_tokens // 4))
-
-
-def csa_inner_state_blocks(num_tokens: int) -> int:
-    """csa_inner_state: min(2, ceil(len / 4)); ring = state span 8 / rows_per_page 4."""
-    return min(2, -(-num_tokens // 4))
-
+from contract.abi import PoolGroup
 
 GROUPS: dict[str, PoolGroup] = {
-    # sliding-window KV of every layer, the MTP layer included
-    "ori": PoolGroup(
-        name="ori",
-        layers=(
-            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23,
-            24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43,
-        ),
-        rows_per_page=128,
-        row_width=512,
-        dtype=torch.bfloat16,
-        policy="ring",
-        tokens_per_row=1,
-        ring_pages=3,
-        table_width=3,
-        page_bytes=131072,
-        block_bytes=5767168,
-        blocks_for=ori_blocks,
-        formula="min(3, ceil(len / 128))",
-    ),
-    # HCA compressed KV entries (ratio 128)
-    "cmp_c128": PoolGroup(
-        name="cmp_c128",
+    "ori": PoolGroup("ori",
+        layers=(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43),
+        rows_per_page=128, row_width=512, dtype="bfloat16", policy="ring", tokens_per_row=1,
+        ring_pages=3, table_width=3, page_bytes=131072, block_bytes=5767168,
+        formula="min(3, ceil(len / 128))", doc="sliding-window KV of every layer, the MTP layer "
+        "included; ring = ceil((window - 1 + in_flight) / block_size) + 1 with window 128, "
+        "in_flight 2 (the widest decode row)"),
+    "cmp_c128": PoolGroup("cmp_c128",
         layers=(3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 33, 35, 37, 39, 41),
-        rows_per_page=1,
-        row_width=512,
-        dtype=torch.bfloat16,
-        policy="full",
-        tokens_per_row=128,
-        ring_pages=None,
-        table_width=8192,
-        page_bytes=1024,
-        block_bytes=20480,
-        blocks_for=cmp_c128_blocks,
-        formula="ceil((len // 128) / 1)",
-    ),
-    # CSA compressed KV entries (ratio 4)
-    "cmp_c4": PoolGroup(
-        name="cmp_c4",
+        rows_per_page=1, row_width=512, dtype="bfloat16", policy="full", tokens_per_row=128,
+        ring_pages=None, table_width=8192, page_bytes=1024, block_bytes=20480,
+        formula="ceil((len // 128) / 1)", doc="HCA compressed KV entries (ratio 128)"),
+    "cmp_c4": PoolGroup("cmp_c4",
         layers=(2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42),
-        rows_per_page=32,
-        row_width=512,
-        dtype=torch.bfloat16,
-        policy="full",
-        tokens_per_row=4,
-        ring_pages=None,
-        table_width=8192,
-        page_bytes=32768,
-        block_bytes=688128,
-        blocks_for=cmp_c4_blocks,
-        formula="ceil((len // 4) / 32)",
-    ),
-    # lightning-indexer compressed keys (ratio 4)
-    "idx": PoolGroup(
-        name="idx",
+        rows_per_page=32, row_width=512, dtype="bfloat16", policy="full", tokens_per_row=4,
+        ring_pages=None, table_width=8192, page_bytes=32768, block_bytes=688128,
+        formula="ceil((len // 4) / 32)", doc="CSA compressed KV entries (ratio 4)"),
+    "idx": PoolGroup("idx",
         layers=(2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42),
-        rows_per_page=32,
-        row_width=128,
-        dtype=torch.bfloat16,
-        policy="full",
-        tokens_per_row=4,
-        ring_pages=None,
-        table_width=8192,
-        page_bytes=8192,
-        block_bytes=172032,
-        blocks_for=idx_blocks,
-        formula="ceil((len // 4) / 32)",
-    ),
-    # C128 compressor state: pending kv and gate-score rows
-    "hca_state": PoolGroup(
-        name="hca_state",
+        rows_per_page=32, row_width=128, dtype="bfloat16", policy="full", tokens_per_row=4,
+        ring_pages=None, table_width=8192, page_bytes=8192, block_bytes=172032,
+        formula="ceil((len // 4) / 32)", doc="lightning-indexer compressed keys (ratio 4)"),
+    "hca_state": PoolGroup("hca_state",
         layers=(3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 33, 35, 37, 39, 41),
-        rows_per_page=8,
-        row_width=1024,
-        dtype=torch.float32,
-        policy="ring",
-        tokens_per_row=1,
-        ring_pages=16,
-        table_width=16,
-        page_bytes=32768,
-        block_bytes=655360,
-        blocks_for=hca_state_blocks,
-        formula="min(16, ceil(len / 8))",
-    ),
-    # C4 compressor state: two overlapped windows of kv and gate-score rows
-    "csa_state": PoolGroup(
-        name="csa_state",
+        rows_per_page=8, row_width=1024, dtype="float32", policy="ring", tokens_per_row=1,
+        ring_pages=16, table_width=16, page_bytes=32768, block_bytes=655360,
+        formula="min(16, ceil(len / 8))", doc="C128 compressor state: pending kv and gate-score "
+        "rows; ring = state span 128 / rows_per_page 8"),
+    "csa_state": PoolGroup("csa_state",
         layers=(2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42),
-        rows_per_page=4,
-        row_width=2048,
-        dtype=torch.float32,
-        policy="ring",
-        tokens_per_row=1,
-        ring_pages=2,
-        table_width=2,
-        page_bytes=32768,
-        block_bytes=688128,
-        blocks_for=csa_state_blocks,
-        formula="min(2, ceil(len / 4))",
-    ),
-    # indexer compressor state: as csa_state at index_head_dim
-    "csa_inner_state": PoolGroup(
-        name="csa_inner_state",
+        rows_per_page=4, row_width=2048, dtype="float32", policy="ring", tokens_per_row=1,
+        ring_pages=2, table_width=2, page_bytes=32768, block_bytes=688128,
+        formula="min(2, ceil(len / 4))", doc="C4 compressor state: two overlapped windows of kv "
+        "and gate-score rows; ring = state span 8 / rows_per_page 4"),
+    "csa_inner_state": PoolGroup("csa_inner_state",
         layers=(2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42),
-        rows_per_page=4,
-        row_width=512,
-        dtype=torch.float32,
-        policy="ring",
-        tokens_per_row=1,
-        ring_pages=2,
-        table_width=2,
-        page_bytes=8192,
-        block_bytes=172032,
-        blocks_for=csa_inner_state_blocks,
-        formula="min(2, ceil(len / 4))",
-    ),
+        rows_per_page=4, row_width=512, dtype="float32", policy="ring", tokens_per_row=1,
+        ring_pages=2, table_width=2, page_bytes=8192, block_bytes=172032,
+        formula="min(2, ceil(len / 4))", doc="indexer compressor state: as csa_state at "
+        "index_head_dim; ring = state span 8 / rows_per_page 4"),
 }
-
-
-@dataclass(frozen=True)
-class Pools:
-    """Every group as one tensor [ranks, layers, blocks + 1, rows_per_page, row_width].
-
-    Block `blocks` (the last) of every group is the scratch page: -1 block-table
-    entries and padded rows read and write there, so no launch needs a branch. The
-    scheduler never hands it out; what it holds is never read as anyone's data.
-    """
-
-    ori: torch.Tensor
-    cmp_c128: torch.Tensor
-    cmp_c4: torch.Tensor
-    idx: torch.Tensor
-    hca_state: torch.Tensor
-    csa_state: torch.Tensor
-    csa_inner_state: torch.Tensor
-
-
-def allocate(blocks: dict[str, int], device: str | torch.device = "cpu",
-             ranks: int = RANKS) -> Pools:
-    """Allocate `blocks[g]` zeroed pages (and the scratch page) of every group g on each of
-    `ranks` ranks."""
-    missing = sorted(set(GROUPS) - set(blocks))
-    if missing:
-        raise ValueError(f"no block count for pool groups {missing}")
-    return Pools(
-        ori=torch.zeros(
-            (ranks, 44, blocks["ori"] + 1, 128, 512), dtype=torch.bfloat16, device=device,
-        ),
-        cmp_c128=torch.zeros(
-            (ranks, 20, blocks["cmp_c128"] + 1, 1, 512), dtype=torch.bfloat16, device=device,
-        ),
-        cmp_c4=torch.zeros(
-            (ranks, 21, blocks["cmp_c4"] + 1, 32, 512), dtype=torch.bfloat16, device=device,
-        ),
-        idx=torch.zeros(
-            (ranks, 21, blocks["idx"] + 1, 32, 128), dtype=torch.bfloat16, device=device,
-        ),
-        hca_state=torch.zeros(
-            (ranks, 20, blocks["hca_state"] + 1, 8, 1024), dtype=torch.float32, device=device,
-        ),
-        csa_state=torch.zeros(
-            (ranks, 21, blocks["csa_state"] + 1, 4, 2048), dtype=torch.float32, device=device,
-        ),
-        csa_inner_state=torch.zeros(
-            (ranks, 21, blocks["csa_inner_state"] + 1, 4, 512), dtype=torch.float32, device=device,
-        ),
-    )
-
-
-def bytes_per_rank(blocks: dict[str, int]) -> int:
-    """Bytes one rank's pools take for these block counts (the scratch page aside)."""
-    return sum(GROUPS[g].block_bytes * n for g, n in blocks.items())
-
 
 # Device-state slots per rank: one per running request (its MTP state, its sampling
 # state); slot REQUEST_SLOTS_PER_RANK (the last) is scratch for padded rows.
@@ -249,20 +77,3 @@ class MtpField(enum.IntEnum):
     TAIL_POS = 1
     COMMITTED = 2
     GENERATION = 3
-
-
-@dataclass(frozen=True)
-class MtpState:
-    """MTP device state: `slots` [ranks, slots + 1, len(MtpField)] int64 and `hidden`
-    [ranks, slots + 1, hc_mult, hidden], the streams of the row before each slot's tail."""
-
-    slots: torch.Tensor
-    hidden: torch.Tensor
-
-
-def allocate_mtp_state(device: str | torch.device = "cpu", ranks: int = RANKS) -> MtpState:
-    """Zeroed MTP slots on each of `ranks` ranks; generation 0 belongs to no request."""
-    return MtpState(
-        slots=torch.zeros((ranks, 65, len(MtpField)), dtype=torch.int64, device=device),
-        hidden=torch.zeros((ranks, 65, 4, 4096), dtype=torch.bfloat16, device=device),
-    )

@@ -2,7 +2,7 @@
 """Serving contract of spec `tiny`: shapes, limits and topology."""
 from __future__ import annotations
 
-from runtime.device.abi import DecodeLayout
+from contract.decode_layout import DecodeLayout
 
 # One model replica: attention data parallelism and MoE expert parallelism share the ranks.
 RANKS = 8

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.device.abi import PoolGroup
+from contract.abi import PoolGroup
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from codegen.pipeline import generate
-from runtime.device.abi import ABIError
+from contract.abi import ABIError, pool_bytes
+from runtime.device.launcher import Launcher
+from runtime.device.pools import allocate_mtp_state, allocate_pools
 from tests.conftest import import_fresh, replace_once
 
 # Other shapes than any checked-in spec: 4 ranks, B8S2 for K=1, a 4096-row extent,
@@ -53,7 +55,7 @@ def test_contract_carries_the_new_shapes(alt):
     c = alt.contract
     assert (c.RANKS, c.EP, c.MAX_EXTENT, c.SLOTS_PER_RANK) == (4, 4, 4096, 2)
     assert c.decode_layout(1).kernel == "decode_b8s2"
-    assert sorted(alt.kernels.WRAPPERS) == ["decode_b8s1", "decode_b8s2", "prefill_main",
+    assert sorted(alt.kernels.KERNELS) == ["decode_b8s1", "decode_b8s2", "prefill_main",
                                             "prefill_mtp"]
     assert c.REQUEST_SLOTS_PER_RANK == 8 * 2  # batch x micro_batches
     assert c.CONTEXT_BUCKETS == (2048, 4096)
@@ -69,27 +71,27 @@ def test_contract_carries_the_new_shapes(alt):
 
 
 def test_pools_allocate_stacked_tensors_with_a_scratch_page(alt):
-    pools = alt.pools.allocate(_blocks(alt, 6))
+    pools = allocate_pools(alt, _blocks(alt, 6))
     assert pools.ori.shape == (4, 5, 7, 128, 128)          # 6 pages + the scratch page
     assert pools.cmp_c4.shape == (4, 2, 7, 32, 128)
     assert pools.hca_state.shape == (4, 1, 7, 8, 256)
     assert alt.pools.GROUPS["cmp_c4"].table_width == 4096 // 4 // 32
-    assert alt.pools.bytes_per_rank(_blocks(alt, 6)) == sum(
+    assert pool_bytes(alt.pools.GROUPS, _blocks(alt, 6)) == sum(
         t[0, :, :-1].numel() * t.element_size() for t in vars(pools).values())
-    mtp = alt.pools.allocate_mtp_state()
+    mtp = allocate_mtp_state(alt)
     assert mtp.slots.shape == (4, 17, 4) and mtp.hidden.shape == (4, 17, 4, 256)
     assert [f.name for f in alt.pools.MtpField] == ["TAIL_TOKEN", "TAIL_POS", "COMMITTED",
                                                     "GENERATION"]
 
 
 def test_prefill_main_marshals_a_dynamic_extent(alt):
-    pools, weights = alt.pools.allocate(_blocks(alt)), Weights(alt.architecture.FINGERPRINT)
-    wrapper = alt.kernels.PrefillMain(backend="dryrun")
+    pools, weights = allocate_pools(alt, _blocks(alt)), Weights(alt.architecture.FINGERPRINT)
+    wrapper = Launcher(alt.kernels.PREFILL_MAIN, backend="dryrun")
     tokens = np.arange(4 * 2 * 384).reshape(4, 2, 384)
     args = wrapper.marshal(token_ids=tokens, start_pos=np.zeros((4, 2), np.int32),
                            chunk_lens=np.full((4, 2), 300, np.int32), pools=pools,
                            weights=weights, extent=384, **_tables(alt, 4, 2))
-    assert args._fields[:-1] == tuple(a.name for a in alt.kernels.prefill_main.ARGS)
+    assert args._fields[:-1] == tuple(a.name for a in alt.kernels.PREFILL_MAIN.args)
     assert args.token_ids.shape == (4, 2, 384)
     assert torch.equal(args.token_ids, torch.from_numpy(tokens))
     assert args.extent == 384
@@ -101,7 +103,7 @@ def test_prefill_main_marshals_a_dynamic_extent(alt):
 
 
 def test_staging_buffers_are_allocated_once_and_reused(alt):
-    wrapper = alt.kernels.DECODE_BY_K[1](backend="dryrun")
+    wrapper = Launcher(alt.kernels.DECODE_BY_K[1], backend="dryrun")
     kwargs = _decode_kwargs(alt)
     first = wrapper.marshal(**kwargs)
     second = wrapper.marshal(**kwargs)
@@ -115,7 +117,7 @@ def _decode_kwargs(alt, **override) -> dict:
     words = (alt.architecture.CONFIG["vocab_size"] + 31) // 32
     kwargs = dict(slot_ids=np.zeros((4, 8), np.int32), slot_gens=np.ones((4, 8), np.int64),
                   draft_mask=np.full((4, 8, words), -1, np.int32),
-                  pools=alt.pools.allocate(_blocks(alt)), mtp=alt.pools.allocate_mtp_state(),
+                  pools=allocate_pools(alt, _blocks(alt)), mtp=allocate_mtp_state(alt),
                   weights=Weights(alt.architecture.FINGERPRINT), context=100,
                   **_tables(alt, 4, 8))
     kwargs.update(override)
@@ -123,14 +125,14 @@ def _decode_kwargs(alt, **override) -> dict:
 
 
 def test_marshal_rejects_metadata_of_the_old_shapes(alt):
-    wrapper = alt.kernels.DECODE_BY_K[1](backend="dryrun")
+    wrapper = Launcher(alt.kernels.DECODE_BY_K[1], backend="dryrun")
     with pytest.raises(ABIError, match=r"slot_ids: shape \(8, 4\), expected \(4, 8\)"):
         wrapper.marshal(**_decode_kwargs(alt, slot_ids=np.zeros((8, 4), np.int32)))
 
 
 def test_marshal_rejects_pools_of_the_wrong_rank_count(alt):
-    wrapper = alt.kernels.DECODE_BY_K[1](backend="dryrun")
-    pools = alt.pools.allocate(_blocks(alt))
+    wrapper = Launcher(alt.kernels.DECODE_BY_K[1], backend="dryrun")
+    pools = allocate_pools(alt, _blocks(alt))
     short = type(pools)(**{**vars(pools), "ori": pools.ori[:3]})
     with pytest.raises(ABIError, match=r"pool_ori: shape \(3, 5, 7, 128, 128\), expected "
                                        r"\(4, 5, \*, 128, 128\)"):
@@ -138,6 +140,6 @@ def test_marshal_rejects_pools_of_the_wrong_rank_count(alt):
 
 
 def test_marshal_rejects_weights_of_another_architecture(alt):
-    wrapper = alt.kernels.DECODE_BY_K[1](backend="dryrun")
+    wrapper = Launcher(alt.kernels.DECODE_BY_K[1], backend="dryrun")
     with pytest.raises(ABIError, match="does not match spec alt-shapes"):
         wrapper.marshal(**_decode_kwargs(alt, weights=Weights("0" * 16)))

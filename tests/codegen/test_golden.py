@@ -6,7 +6,7 @@ from pathlib import Path
 
 from codegen.pipeline import generate
 from codegen.writer import compare
-from tests.conftest import REPO, SPECS
+from tests.conftest import REPO, SPECS, import_fresh
 
 
 def _regenerate(tmp_path: Path) -> Path:
@@ -31,9 +31,11 @@ def test_generated_tree_matches_specs_file_by_file(tmp_path):
 def test_every_spec_has_a_package_with_every_kernel(tmp_path):
     out = _regenerate(tmp_path)
     for spec in ("tiny", "reference", "deepseek_v4_flash", "deepseek_v4_pro"):
-        kernels = sorted(p.name for p in (out / spec / "kernels").glob("*.py"))
-        assert kernels == ["__init__.py", "decode_b4s2.py", "decode_b8s1.py",
-                           "prefill_main.py", "prefill_mtp.py"]
+        files = sorted(p.name for p in (out / spec).glob("*.py"))
+        assert files == ["__init__.py", "architecture.py", "contract.py", "kernels.py",
+                         "pools.py"]
+        kernels = import_fresh(out.parent, out.name).load(spec).kernels.KERNELS
+        assert sorted(kernels) == ["decode_b4s2", "decode_b8s1", "prefill_main", "prefill_mtp"]
 
 
 def test_every_file_carries_the_generated_header(tmp_path):
@@ -56,11 +58,11 @@ def test_compare_reports_missing_changed_and_extra(tmp_path):
     files = {rel: data.decode() for rel, data in _files(out).items()}
     (out / "tiny" / "pools.py").unlink()
     (out / "tiny" / "contract.py").write_text("# edited by hand\n")
-    (out / "tiny" / "kernels" / "decode_b2s3.py").write_text("# stale\n")
+    (out / "tiny" / "decode_b2s3.py").write_text("# stale\n")
     drift = compare(files, out, ["."])
     assert drift.missing == ["tiny/pools.py"]
     assert drift.changed == ["tiny/contract.py"]
-    assert drift.extra == ["tiny/kernels/decode_b2s3.py"]
+    assert drift.extra == ["tiny/decode_b2s3.py"]
     assert not drift.clean
 
 

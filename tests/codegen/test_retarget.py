@@ -6,6 +6,8 @@ import shutil
 import numpy as np
 
 from codegen.pipeline import generate
+from runtime.device.launcher import Launcher
+from runtime.device.pools import allocate_mtp_state, allocate_pools
 from tests.conftest import REPO, import_fresh, replace_once
 
 
@@ -20,14 +22,13 @@ def test_b4s2_to_b8s2_changes_only_the_affected_files(tmp_path):
                                  "{k: 1, batch: 8, seq: 2}"))
     drift = generate(sorted(specs.glob("*.yaml")), out, root=tmp_path).drift
 
-    assert drift.missing == ["tiny/kernels/decode_b8s2.py"]
-    assert drift.extra == ["tiny/kernels/decode_b4s2.py"]
-    # __init__: the spec's digest; contract: the layout; kernels/__init__: the wrapper names.
+    assert drift.missing == [] and drift.extra == []
+    # __init__: the spec's digest; contract: the layout; kernels: the decode ABI.
     # Request slots per rank stay 16: the widest layout was and is batch 8 x 2 micro-batches.
-    assert drift.changed == ["tiny/__init__.py", "tiny/contract.py", "tiny/kernels/__init__.py"]
+    assert drift.changed == ["tiny/__init__.py", "tiny/contract.py", "tiny/kernels.py"]
 
     pkg = import_fresh(tmp_path, "retargeted").load("tiny")
-    wrapper = pkg.kernels.DECODE_BY_K[1](backend="dryrun")
+    wrapper = Launcher(pkg.kernels.DECODE_BY_K[1], backend="dryrun")
     ranks = pkg.contract.RANKS
     tables = {f"block_table_{n}": np.zeros((ranks, 8, g.table_width), np.int32)
               for n, g in pkg.pools.GROUPS.items()}
@@ -36,7 +37,7 @@ def test_b4s2_to_b8s2_changes_only_the_affected_files(tmp_path):
     outputs = wrapper.launch(slot_ids=np.zeros((ranks, 8), np.int32),
                          slot_gens=np.zeros((ranks, 8), np.int64),
                          draft_mask=np.full((ranks, 8, words), -1, np.int32),
-                         pools=pkg.pools.allocate({n: 1 for n in pkg.pools.GROUPS}),
-                         mtp=pkg.pools.allocate_mtp_state(), weights=weights, context=10,
+                         pools=allocate_pools(pkg, {n: 1 for n in pkg.pools.GROUPS}),
+                         mtp=allocate_mtp_state(pkg), weights=weights, context=10,
                          **tables)
     assert outputs.logits.shape == (ranks, 8, 2, pkg.architecture.CONFIG["vocab_size"])

@@ -13,6 +13,8 @@ import yaml
 
 from codegen.abi import kernel_plans
 from codegen.pipeline import generate, load_spec, plan_spec
+from runtime.device.launcher import Launcher
+from runtime.device.pools import allocate_pools
 from tests.conftest import REPO, import_fresh
 
 pytestmark = pytest.mark.slow
@@ -98,9 +100,9 @@ def test_the_new_spec_serves_the_checkpoint_like_transformers(tmp_path):
     for g, grp in pkg.pools.GROUPS.items():
         tables[f"block_table_{g}"][0, 0, : min(grp.table_width, 8)] = np.arange(
             min(grp.table_width, 8))
-    out = pkg.kernels.PrefillMain().launch(
+    out = Launcher(pkg.kernels.PREFILL_MAIN).launch(
         token_ids=tokens, start_pos=np.zeros_like(lens), chunk_lens=lens, extent=256,
-        pools=pkg.pools.allocate({g: 8 for g in pkg.pools.GROUPS}), weights=params, **tables)
+        pools=allocate_pools(pkg, {g: 8 for g in pkg.pools.GROUPS}), weights=params, **tables)
     assert (out.logits[0, 0] - want[-1]).abs().max() <= 1e-4
 
 

@@ -11,6 +11,7 @@ from safetensors.torch import save_file
 
 import generated
 from bench.transformers_baseline import RENAMES, load_transformers, official_name  # noqa: F401
+from runtime.device.pools import allocate_pools
 from runtime.model.forward import logits, main_model
 from runtime.model.paging import PoolView, Segment
 from runtime.model.params import ModelParams
@@ -106,7 +107,7 @@ class Driver:
     def __init__(self, params: ModelParams, rank: int = 0, row: int = 0, pools=None,
                  spec=REF):
         self.params, self.rank, self.row, self.spec = params, rank, row, spec
-        self.pools = pools or spec.pools.allocate({g: self.BLOCKS for g in spec.pools.GROUPS})
+        self.pools = pools or allocate_pools(spec, {g: self.BLOCKS for g in spec.pools.GROUPS})
         self.tables = self.block_tables(spec.contract.SLOTS_PER_RANK)
 
     def block_tables(self, rows: int) -> dict[str, np.ndarray]:

@@ -12,6 +12,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from runtime.backends.compiled import forward
 from runtime.backends.compiled.graphs import Graphs
 from runtime.backends.compiled.model import Call, CompiledModel
+from runtime.device.launcher import Launcher
+from runtime.device.pools import allocate_mtp_state
 from tests.model.support import REF, Driver, assert_top5_rows, golden, reference_params
 
 pytestmark = pytest.mark.slow
@@ -112,7 +114,7 @@ class Ops(TorchDispatchMode):
 def _decode_launch(params, k: int, live: int, backend: str):
     """A decode launch of `live` rows on fresh scratch-only tables, ready to run."""
     layout = C.DECODE_LAYOUTS[k]
-    wrapper = REF.kernels.DECODE_BY_K[k](backend=backend)
+    wrapper = Launcher(REF.kernels.DECODE_BY_K[k], backend=backend)
     driver = Driver(params)
     tables = {f"block_table_{g}": np.full((C.RANKS, layout.batch, t.shape[-1]), -1, np.int32)
               for g, t in driver.tables.items()}
@@ -122,7 +124,7 @@ def _decode_launch(params, k: int, live: int, backend: str):
     shape = (C.RANKS, layout.batch)
     common = dict(pools=driver.pools, weights=params, context=300, **tables)
     if k:
-        mtp = REF.pools.allocate_mtp_state()
+        mtp = allocate_mtp_state(REF)
         slots = np.full(shape, -1, np.int32)
         for row in range(live):
             slots[row % C.RANKS, row // C.RANKS] = row // C.RANKS

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from runtime.device.launcher import Launcher
+from runtime.device.pools import allocate_pools
 from tests.model.support import REF, Driver, golden, reference_params
 
 C = REF.contract
@@ -34,7 +36,7 @@ def test_requests_sharing_a_launch_match_their_solo_runs(params):
     prompts = [cases[i]["prompt_ids"] for i in (2, 3, 5, 7)]
     solo = [Driver(params, r, s).prefill(p, 8192)[0][-1] for (r, s), p in zip(placements, prompts)]
 
-    pools = REF.pools.allocate({g: Driver.BLOCKS * 2 for g in REF.pools.GROUPS})
+    pools = allocate_pools(REF, {g: Driver.BLOCKS * 2 for g in REF.pools.GROUPS})
     extent = C.dispatch_extent(max(len(p) for p in prompts))
     tokens = np.zeros((C.RANKS, C.SLOTS_PER_RANK, extent), np.int64)
     lens = np.zeros((C.RANKS, C.SLOTS_PER_RANK), np.int32)
@@ -45,7 +47,7 @@ def test_requests_sharing_a_launch_match_their_solo_runs(params):
         for g, grp in REF.pools.GROUPS.items():   # disjoint blocks: the first two on rank 0
             width = min(grp.table_width, Driver.BLOCKS)
             tables[g][r, s, :width] = np.arange(width) + (Driver.BLOCKS if i == 1 else 0)
-    out = REF.kernels.PrefillMain(backend="torch").launch(
+    out = Launcher(REF.kernels.PREFILL_MAIN, backend="torch").launch(
         token_ids=tokens, start_pos=np.zeros_like(lens), chunk_lens=lens, extent=extent,
         pools=pools, weights=params, **{f"block_table_{g}": t for g, t in tables.items()})
     for (r, s), want in zip(placements, solo):

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from runtime.device.launcher import Launcher
+from runtime.device.pools import allocate_mtp_state
 from tests.model.support import REF, Driver, assert_top5_rows, golden, reference_params
 
 CASES = golden()
@@ -64,12 +66,12 @@ def test_greedy_continuation_through_the_kernels(params, case, backend):
     tokens[3, 1, : len(prompt)] = prompt
     lens = np.zeros((C.RANKS, C.SLOTS_PER_RANK), np.int32)
     lens[3, 1] = len(prompt)
-    out = REF.kernels.PrefillMain(backend=backend).launch(
+    out = Launcher(REF.kernels.PREFILL_MAIN, backend=backend).launch(
         token_ids=tokens, start_pos=np.zeros_like(lens), chunk_lens=lens, extent=extent,
         **_weights_kwargs(driver, C.SLOTS_PER_RANK))
     produced = [int(out.logits[3, 1].argmax())]
     batch = C.DECODE_LAYOUTS[0].batch
-    decode = REF.kernels.DECODE_BY_K[0](backend=backend)
+    decode = Launcher(REF.kernels.DECODE_BY_K[0], backend=backend)
     driver.row = 5  # decode rows are numbered independently of prefill slots
     for step in range(len(case["greedy_ids"]) - 1):
         tok = np.zeros((C.RANKS, batch, 1), np.int64)
@@ -113,7 +115,7 @@ def test_mtp_prefill_and_fused_decode_draft_like_the_reference(params, backend):
     tokens[2, 0, :n] = prompt
     lens = np.zeros((C.RANKS, C.SLOTS_PER_RANK), np.int32)
     lens[2, 0] = n
-    out = REF.kernels.PrefillMain(backend=backend).launch(
+    out = Launcher(REF.kernels.PREFILL_MAIN, backend=backend).launch(
         token_ids=tokens, start_pos=np.zeros_like(lens), chunk_lens=lens, extent=extent,
         **_weights_kwargs(driver, C.SLOTS_PER_RANK))
     assert int(out.logits[2, 0].argmax()) == greedy[0]
@@ -123,17 +125,17 @@ def test_mtp_prefill_and_fused_decode_draft_like_the_reference(params, backend):
     next_ids[2, 0, : window - 1] = prompt[n - window + 1:]
     starts, rows = np.zeros_like(lens), np.zeros_like(lens)
     starts[2, 0], rows[2, 0] = n - window, window - 1
-    REF.kernels.PrefillMtp(backend=backend).launch(
+    Launcher(REF.kernels.PREFILL_MTP, backend=backend).launch(
         mtp_hidden=hidden, next_ids=next_ids, start_pos=starts, num_rows=rows,
         **{k: v for k, v in _weights_kwargs(driver, C.SLOTS_PER_RANK).items()
            if k in ("block_table_ori", "pools", "weights")})
 
-    mtp = REF.pools.allocate_mtp_state()
+    mtp = allocate_mtp_state(REF)
     slot, generation = 5, 7
     _set_slot(mtp.slots[2, slot], greedy[0], n, generation)
     mtp.hidden[2, slot] = hidden[2, 0, window - 1]
     layout = C.DECODE_LAYOUTS[1]
-    fused = REF.kernels.DECODE_BY_K[1](backend=backend)
+    fused = Launcher(REF.kernels.DECODE_BY_K[1], backend=backend)
     driver.row = 3
     committed = 1
     while committed < len(greedy) - 2:
@@ -170,14 +172,14 @@ def _set_slot(row: torch.Tensor, tail: int, tail_pos: int, generation: int) -> N
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_stale_generation_leaves_the_slot_and_outputs_alone(params, backend):
     driver = Driver(params, rank=1, row=0)
-    mtp = REF.pools.allocate_mtp_state()
+    mtp = allocate_mtp_state(REF)
     _set_slot(mtp.slots[1, 2], 5, 10, 4)
     layout = C.DECODE_LAYOUTS[1]
     slot_ids = np.full((C.RANKS, layout.batch), -1, np.int32)
     slot_ids[1, 0] = 2
     gens = np.full((C.RANKS, layout.batch), 3, np.int64)  # the slot moved on to generation 4
     before = driver.pools.ori[:, :, :-1].clone()        # every real page (not the scratch)
-    fused = REF.kernels.DECODE_BY_K[1](backend=backend)
+    fused = Launcher(REF.kernels.DECODE_BY_K[1], backend=backend)
     fused.logits.fill_(7.0)
     out = fused.launch(slot_ids=slot_ids, slot_gens=gens, mtp=mtp, context=12,
                        draft_mask=_free_drafts(layout.batch),
