@@ -12,20 +12,13 @@ Every step plans decode first, then prefill, per rank:
     admit    the head of the queue goes to the least-loaded rank that can supply its
              first chunk's blocks (and an MTP slot); ties rotate. It stays there.
 
-With prefix caching (runtime/core/prefix_cache.py), admission first looks up the request's
-block keys on every rank: it goes to the rank holding its longest cached prefix unless
-that rank runs more than `prefix_affinity` requests beyond the least-loaded rank that can
-take it. A hit of J blocks holds their pages and starts the request at J * block_size
-(at least one prompt token is always computed). Each block boundary a request passes is
-saved as an entry, registered at commit:
-
-    in prefill   a boundary inside or at the end of a chunk: the runner copies the ring
-                 pages when its computation stands there (it splits the launch there)
-    in decode    at the start of the step after the boundary is passed, while the ring
-                 still holds its rows (`Layout.reach`); so too when the request ends
-Copies of a step pin the pages they read or fill until its commit, so a page a save
-will read is never handed to another request first (an ending request's save runs in
-the next step, after its own pages were freed).
+Blocks, prefix-cache hits and saves are the CacheManager's (runtime/core/cache_manager.py):
+the scheduler asks it what a request needs and puts the pages and copies it plans into
+the step's output. With prefix caching, admission first looks up the request's block
+keys on every rank: it goes to the rank holding its longest cached prefix unless that
+rank runs more than `prefix_affinity` requests beyond the least-loaded rank that can take
+it. A hit of J blocks holds their pages and starts the request at J * block_size (at
+least one prompt token is always computed).
 """
 from __future__ import annotations
 
@@ -34,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from runtime.core.block_pool import BlockPool
+from runtime.core.cache_manager import CacheManager, Hit, PageCopy, Pin, Save
 from runtime.core.mtp_slots import SlotTable
 from runtime.core.prefix_cache import CacheStats, Layout
 from runtime.core.request import Request, Status
@@ -75,26 +69,6 @@ class PrefillChunk:
         return self.end == _prefill_target(self.request)
 
 
-@dataclass(frozen=True)
-class PageCopy:
-    rank: int
-    group: str
-    src: int
-    dst: int
-
-
-@dataclass
-class Save:
-    """A request's ring rows at `boundary` copied into cache pages; at commit, the entry
-    of block boundary // block_size - 1 with `pages` (its full pages and the copies)."""
-
-    request: Request
-    rank: int
-    boundary: int
-    copies: list[PageCopy]
-    pages: dict[str, int]
-
-
 @dataclass
 class SchedulerOutput:
     # Decode launches; a request's row is its index among its rank's requests in the launch.
@@ -108,7 +82,7 @@ class SchedulerOutput:
     saves: list[Save] = field(default_factory=list)
     restores: list[PageCopy] = field(default_factory=list)
     snapshots: list[Save] = field(default_factory=list)
-    pins: list[tuple[int, dict[str, list[int]]]] = field(default_factory=list)
+    pins: list[Pin] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -133,11 +107,6 @@ class SchedulerOutput:
         return launches
 
 
-def _sources(copies: list[PageCopy]) -> dict[str, list[int]]:
-    """The pages copies read, by group (one copy per group)."""
-    return {c.group: [c.src] for c in copies}
-
-
 def _prefill_target(request: Request) -> int:
     """Tokens whose KV a prefill computes: all known ones but a generated tail."""
     return request.num_tokens - (1 if request.output_ids else 0)
@@ -147,16 +116,25 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, pool: BlockPool,
                  block_formulas: Mapping[str, Callable[[int], int]],
                  slots: SlotTable | None = None, layout: Layout | None = None):
-        self.config, self.pool, self.slots = config, pool, slots
-        self.formulas = dict(block_formulas)
-        self.layout = layout                  # None: no prefix caching
-        self._full = set(layout.full) if layout else set()
+        self.config, self.slots = config, slots
+        self.cache = CacheManager(pool, block_formulas, layout, config.k)
         self.waiting: deque[Request] = deque()
         self.running: list[list[Request]] = [[] for _ in range(config.ranks)]
         self._next_rank = 0   # round-robin pointer for admission ties
         self.num_preemptions = 0
-        self.cache_stats = CacheStats.zeros(config.ranks)
-        self._finals: list[Save] = []         # saves of ended requests, for the next step
+
+    # the cache manager's, read by the engine's metrics and by tests
+    @property
+    def pool(self) -> BlockPool:
+        return self.cache.pool
+
+    @property
+    def layout(self) -> Layout | None:
+        return self.cache.layout
+
+    @property
+    def cache_stats(self) -> CacheStats:
+        return self.cache.stats
 
     # -- requests in and out ---------------------------------------------------------
 
@@ -170,11 +148,8 @@ class Scheduler:
             return (f"prompt of {request.num_tokens} tokens leaves no room to generate under "
                     f"max_model_len {c.max_model_len}")
         first = request.num_tokens + 1 + c.k        # the prompt and its first decode step
-        for group, formula in self.formulas.items():
-            if formula(first) > self.pool.capacity[group]:
-                return (f"a prompt of {request.num_tokens} tokens needs {formula(first)} "
-                        f"{group} blocks, more than a rank holds ({self.pool.capacity[group]})")
-        return None
+        short = self.cache.too_large(first)
+        return f"a prompt of {request.num_tokens} tokens needs {short}" if short else None
 
     def add(self, request: Request) -> None:
         reason = self.check(request)
@@ -196,7 +171,7 @@ class Scheduler:
         request.stop_reason = stop_reason
 
     def has_work(self) -> bool:
-        return bool(self.waiting) or any(self.running) or bool(self._finals)
+        return bool(self.waiting) or any(self.running) or self.cache.has_finals()
 
     @property
     def num_running(self) -> int:
@@ -205,8 +180,7 @@ class Scheduler:
     # -- one step --------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput(saves=self._finals)
-        self._finals = []
+        out = SchedulerOutput(saves=self.cache.take_finals())
         budget = [self.config.max_num_batched_tokens] * self.config.ranks
         rows = [self._schedule_decode(rank, out, budget) for rank in range(self.config.ranks)]
         out.decode = self._launches(rows)
@@ -218,8 +192,7 @@ class Scheduler:
                 if request.status is Status.RUNNING:
                     self._schedule_chunk(request, out, budget, used, preempt=True)
         self._admit(out, budget, used)
-        if self.layout is not None:
-            self._save_passed(out)
+        out.saves += self.cache.saves_passed(r for running in self.running for r in running)
         return out
 
     def _schedule_decode(self, rank: int, out: SchedulerOutput,
@@ -229,8 +202,8 @@ class Scheduler:
         for request in sorted(self.running[rank], key=lambda r: r.arrival):
             if request.status is not Status.RUNNING or request.prefilling:
                 continue
-            need = self._need(request, request.num_tokens + self.config.k)
-            while not self.pool.can_allocate(rank, need):
+            need = self.cache.need(request, request.num_tokens + self.config.k)
+            while not self.cache.can_allocate(rank, need):
                 victim = max(self.running[rank], key=lambda r: r.arrival)
                 self._preempt(victim, out)
                 if victim is request:
@@ -264,16 +237,15 @@ class Scheduler:
         length = self._chunk_length(request, budget[rank])
         if used[rank] >= self.config.prefill_slots or length <= 0:
             return False
-        need = self._need(request, request.num_computed + length)
-        while not self.pool.can_allocate(rank, need):
+        need = self.cache.need(request, request.num_computed + length)
+        while not self.cache.can_allocate(rank, need):
             victim = self._prefill_victim(request, out) if preempt else None
             if victim is None:
                 return False
             self._preempt(victim, out)
         self._take(request, need, out)
         out.prefill.append(PrefillChunk(request, used[rank], request.num_computed, length))
-        if self.layout is not None:
-            self._plan_snapshots(request, request.num_computed + length, out)
+        out.snapshots += self.cache.snapshots(request, request.num_computed + length)
         used[rank] += 1
         budget[rank] -= length
         return True
@@ -296,26 +268,28 @@ class Scheduler:
             rank, hit = picked
             self.waiting.popleft()
             request.status, request.rank = Status.RUNNING, rank
-            request.blocks = {g: [] for g in self.formulas}
-            self._inherit(request, hit, out)
+            self.cache.admit(request, hit, _prefill_target(request))
             self.running[rank].append(request)
             if self.slots is not None:
                 request.slot, request.slot_generation = self.slots.acquire(rank)
                 out.fresh_slots.append(request)
             self._schedule_chunk(request, out, budget, used)
-            if hit:
-                self._restore(request, hit, out)
+            if hit:     # the ring pages its first chunk took are the copies' targets
+                copies, pin = self.cache.restore(request, hit)
+                out.restores += copies
+                out.pins.append(pin)
 
     def _pick_rank(self, request: Request, budget: list[int],
-                   used: list[int]) -> tuple[int, list[dict[str, int]]] | None:
+                   used: list[int]) -> tuple[int, Hit] | None:
         """The rank for the request and its cached prefix there: the least-loaded rank
         that can take its first chunk (ties rotate), unless a rank holding a longer
         prefix runs at most `prefix_affinity` requests more."""
         ranks, full_budget = self.config.ranks, self.config.max_num_batched_tokens
         fits, later = [], []      # ranks that can take it now; in a step of their own
+        upto = _prefill_target(request) - 1       # at least one prompt token is computed
         for rank in (self._next_rank + i for i in range(ranks)):
             rank %= ranks
-            hit = self._lookup(request, rank)
+            hit = self.cache.lookup(request, rank, upto)
             if self._can_host(request, rank, budget[rank], used[rank], hit):
                 fits.append((rank, hit))
             elif hit and self._can_host(request, rank, full_budget, 0, hit):
@@ -334,141 +308,14 @@ class Scheduler:
         return best
 
     def _can_host(self, request: Request, rank: int, budget: int, used: int,
-                  hit: list[dict[str, int]]) -> bool:
+                  hit: Hit) -> bool:
         if len(self.running[rank]) >= self.config.max_running_per_rank:
             return False
         if used >= self.config.prefill_slots or (self.slots and not self.slots.can_acquire(rank)):
             return False
-        start = len(hit) * self.layout.block_size if hit else 0
+        start = self.cache.cached_tokens(hit)
         length = self._chunk_length(request, budget, start)
-        if length <= 0:
-            return False
-        inherited = len(hit)
-        need = {g: max(0, f(start + length) - (inherited if g in self._full else 0))
-                for g, f in self.formulas.items()}
-        return self.pool.can_allocate(rank, need, self._held_by(hit))
-
-    # -- prefix caching --------------------------------------------------------------
-
-    def _lookup(self, request: Request, rank: int) -> list[dict[str, int]]:
-        """The entries of the request's longest cached prefix on `rank`, leaving at least
-        one prompt token to compute."""
-        if self.layout is None:
-            return []
-        count = self.layout.max_blocks(request, _prefill_target(request) - 1)
-        entries = []
-        for key in self.layout.keys(request, count):
-            entry = self.pool.get(rank, key)
-            if entry is None:
-                break
-            entries.append(entry)
-        return entries
-
-    def _held_by(self, hit: list[dict[str, int]]) -> dict[str, list[int]]:
-        """The pages a hit holds: every entry's full pages, the last entry's ring copies
-        (until they are restored)."""
-        if not hit:
-            return {}
-        pages = {g: [e[g] for e in hit] for g in self.layout.full}
-        return pages | {g: [hit[-1][g]] for g in self.layout.ring}
-
-    def _inherit(self, request: Request, hit: list[dict[str, int]],
-                 out: SchedulerOutput) -> None:
-        """Count the lookup; hold a hit's pages and start the request at its boundary."""
-        if self.layout is None:
-            return
-        cached = len(hit) * self.layout.block_size
-        self.cache_stats.add(request.rank, _prefill_target(request), cached)
-        if request.num_cached_tokens is None:
-            request.num_cached_tokens = cached
-        if not hit:
-            return
-        held = self._held_by(hit)
-        self.pool.hold(request.rank, held)
-        for g in self.layout.full:
-            request.blocks[g] = held[g]
-        out.pins.append((request.rank, {g: held[g] for g in self.layout.ring}))
-        request.num_computed, request.cached_blocks = cached, len(hit)
-
-    def _restore(self, request: Request, hit: list[dict[str, int]],
-                 out: SchedulerOutput) -> None:
-        """Copy the last hit entry's ring pages into the request's ring, where the rows
-        before its boundary go."""
-        boundary, entry = len(hit) * self.layout.block_size, hit[-1]
-        out.restores += [PageCopy(request.rank, g, entry[g],
-                                  request.blocks[g][self.layout.ring_entry(g, boundary)])
-                         for g in self.layout.ring]
-
-    def _plan_snapshots(self, request: Request, end: int, out: SchedulerOutput) -> None:
-        """Saves of the boundaries a chunk ending at `end` passes (the runner takes them
-        during the prefill)."""
-        b = self.layout.block_size
-        request.cached_blocks = max(request.cached_blocks, request.num_computed // b)
-        while (request.cached_blocks + 1) * b <= end:
-            request.cached_blocks += 1
-            self._save(request, request.cached_blocks * b, out.snapshots)
-
-    def _passed(self, request: Request) -> int | None:
-        """The last boundary a computed request passed and has not saved, if its ring
-        still holds it; the ones before it are given up."""
-        layout, b = self.layout, self.layout.block_size
-        boundary = None
-        while (request.cached_blocks + 1) * b + layout.lookahead <= request.num_computed:
-            request.cached_blocks += 1
-            boundary = request.cached_blocks * b
-        if boundary is None or request.num_computed + self.config.k > boundary + layout.reach:
-            return None
-        return boundary
-
-    def _save_passed(self, out: SchedulerOutput) -> None:
-        """Saves of the boundaries decoding requests passed in the last step."""
-        for running in self.running:
-            for request in running:
-                boundary = None if request.prefilling else self._passed(request)
-                if boundary is not None:
-                    self._save(request, boundary, out.saves)
-
-    def _keep_final(self, request: Request) -> None:
-        """Before an ending request's pages are freed: a save of the boundary it passed
-        last, taken at the start of the next step (its ring pages are read before any
-        page is cleared or written)."""
-        boundary = self._passed(request)
-        if boundary is not None:
-            self._save(request, boundary, self._finals)
-
-    def _save(self, request: Request, boundary: int, saves: list[Save]) -> None:
-        """Plan a save of the request's state at `boundary` (unless its entry exists or
-        no page is free): new pages for the ring copies. Until the commit of the step
-        that copies, the save holds its full pages of the block before `boundary` and
-        the ring pages it reads: a request that ends (or is preempted) before the copy
-        runs frees its pages, and no other request may take and write one meanwhile."""
-        layout, rank = self.layout, request.rank
-        j = boundary // layout.block_size - 1
-        if layout.max_blocks(request, boundary) > j \
-                and self.pool.get(rank, layout.keys(request, j + 1)[j]) is not None:
-            return
-        need = {g: 1 for g in layout.ring}
-        if not self.pool.can_allocate(rank, need):
-            return
-        fresh = {g: ids[0] for g, ids in self.pool.allocate(rank, need).items()}
-        full = {g: request.blocks[g][j] for g in layout.full}
-        copies = [PageCopy(rank, g, request.blocks[g][layout.ring_entry(g, boundary)],
-                           fresh[g]) for g in layout.ring]
-        self.pool.hold(rank, {g: [i] for g, i in full.items()} | _sources(copies))
-        saves.append(Save(request, rank, boundary, copies, full | fresh))
-
-    def _register(self, out: SchedulerOutput) -> None:
-        """After the step: each save whose key the request's tokens now give becomes an
-        entry; every page a copy pinned is let go."""
-        layout = self.layout
-        for save in out.saves + out.snapshots:
-            j = save.boundary // layout.block_size - 1
-            if layout.max_blocks(save.request, save.boundary) > j:
-                self.pool.put(save.rank, layout.keys(save.request, j + 1)[j], save.pages)
-            self.pool.free(save.rank, {g: [i] for g, i in save.pages.items()})
-            self.pool.free(save.rank, _sources(save.copies))
-        for rank, pages in out.pins:
-            self.pool.free(rank, pages)
+        return length > 0 and self.cache.can_admit(rank, start + length, hit)
 
     def commit(self, out: SchedulerOutput,
                results: Mapping[Request, Sequence[int]]) -> dict[Request, list[int]]:
@@ -485,8 +332,7 @@ class Scheduler:
                     request.num_computed = request.num_tokens - 1 + len(results[request])
         kept = {request: self._append(request, tokens) for request, tokens in results.items()
                 if not request.finished}
-        if self.layout is not None:
-            self._register(out)
+        self.cache.register(out.saves + out.snapshots, out.pins)
         return kept
 
     def _append(self, request: Request, tokens: Sequence[int]) -> list[int]:
@@ -513,21 +359,12 @@ class Scheduler:
 
     # -- blocks ----------------------------------------------------------------------
 
-    def _need(self, request: Request, num_tokens: int) -> dict[str, int]:
-        """New blocks per group for the request to hold `num_tokens` positions."""
-        held = request.blocks
-        return {g: max(0, f(num_tokens) - len(held.get(g, ()))) for g, f in self.formulas.items()}
-
     def _take(self, request: Request, need: dict[str, int], out: SchedulerOutput) -> None:
-        for group, ids in self.pool.allocate(request.rank, need).items():
-            request.blocks[group].extend(ids)
+        for group, ids in self.cache.allocate(request, need).items():
             out.fresh_blocks.setdefault((request.rank, group), []).extend(ids)
 
     def _release(self, request: Request) -> None:
-        if self.layout is not None:
-            self._keep_final(request)
-        self.pool.free(request.rank, request.blocks)
-        request.blocks = {}
+        self.cache.free(request)
         if request.slot is not None:
             self.slots.release(request.rank, request.slot)
             request.slot = None

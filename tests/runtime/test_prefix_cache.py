@@ -1,5 +1,6 @@
-"""Prefix caching: the page cache of the block pool, the block layout and keys, the
-scheduler's hits, saves and rank choice (driven without a model), and, end to end on the
+"""Prefix caching: the page cache of the block pool, the block layout and keys, the cache
+manager's hits, saves and releases on a toy layout, the scheduler's hits, saves and rank
+choice (driven without a model), and, end to end on the
 reference checkpoint, exactness against the uncached engine: outputs, log-probs and the
 state a hit leaves in the pools, under chunking, MTP, eviction and preemption.
 """
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from runtime.core.block_pool import BlockPool
+from runtime.core.cache_manager import CacheManager, PageCopy
 from runtime.core.mtp_slots import SlotTable
 from runtime.core.prefix_cache import Layout, Unsupported
 from runtime.core.request import Request, Status
@@ -228,6 +230,92 @@ def test_a_page_a_pending_save_reads_goes_to_nobody_before_the_copy(lengths, kv,
         sched.commit(out, results)
     assert not sched.has_work() and finals > 0 and sched.num_preemptions > 0
     assert all(sched.pool.free_count(0, g) == n for g, n in sched.pool.capacity.items())
+
+
+# -- the cache manager on the toy layout, without a scheduler ---------------------------
+
+def _manager() -> CacheManager:
+    return CacheManager(BlockPool({"kv": 16, "ring": 8}, ranks=1), TOY_FORMULAS, TOY_LAYOUT)
+
+
+def _admit(manager: CacheManager, request: Request, end: int, hit=()) -> None:
+    """Put the request on rank 0 with `hit` and give it blocks for positions up to `end`."""
+    request.status, request.rank = Status.RUNNING, 0
+    manager.admit(request, list(hit), end)
+    manager.allocate(request, manager.need(request, end))
+
+
+def _assert_all_free(manager: CacheManager) -> None:
+    pool = manager.pool
+    for g, n in pool.capacity.items():
+        assert pool.free_count(0, g) == n and not any(pool.refs(0, g, i) for i in range(n))
+
+
+def _cached_prompt(manager: CacheManager) -> list[int]:
+    """A prompt of 10 tokens, computed and freed: its blocks 0 and 1 are entries."""
+    prompt = list(range(100, 110))
+    first = _request(prompt)
+    _admit(manager, first, 10)
+    saves = manager.snapshots(first, 10)
+    first.num_computed = 10
+    manager.register(saves, [])
+    manager.free(first)
+    return prompt
+
+
+def test_snapshots_are_saved_in_boundary_order_and_registered_at_commit():
+    manager, request = _manager(), _request(range(100, 110))
+    _admit(manager, request, 10)                             # kv 0, 1, 2; ring 0, 1
+    saves = manager.snapshots(request, 10)
+    assert [(s.boundary, s.copies, s.pages) for s in saves] == [
+        (4, [PageCopy(0, "ring", 0, 2)], {"kv": 0, "ring": 2}),
+        (8, [PageCopy(0, "ring", 1, 3)], {"kv": 1, "ring": 3})]
+    keys, pool = TOY_LAYOUT.keys(request, 2), manager.pool
+    assert pool.get(0, keys[0]) is None and pool.refs(0, "ring", 0) == 2   # pinned by its save
+    request.num_computed = 10
+    manager.register(saves, [])
+    assert [pool.get(0, key) for key in keys] == [s.pages for s in saves]
+    assert pool.refs(0, "ring", 0) == 1 and pool.refs(0, "ring", 2) == 0   # copies: cached
+    again = _request(range(100, 110))
+    _admit(manager, again, 10)
+    assert manager.snapshots(again, 10) == []                # an entry is saved once
+    manager.free(request)
+    manager.free(again)
+    _assert_all_free(manager)
+
+
+def test_a_hit_holds_its_pages_and_restores_the_ring_of_its_boundary():
+    manager = _manager()
+    prompt = _cached_prompt(manager)
+    request = _request(prompt[:9] + [7, 7, 7])
+    hit = manager.lookup(request, 0, 11)
+    assert hit == [{"kv": 0, "ring": 2}, {"kv": 1, "ring": 3}] and manager.cached_tokens(hit) == 8
+    assert manager.can_admit(0, 12, hit)
+    _admit(manager, request, 12, hit)
+    assert request.blocks["kv"][:2] == [0, 1] and len(request.blocks["kv"]) == 3
+    assert (request.num_computed, request.num_cached_tokens, request.cached_blocks) == (8, 8, 2)
+    assert (manager.stats.queries, manager.stats.hits) == ([22], [8])
+    copies, pin = manager.restore(request, hit)
+    ring = request.blocks["ring"][TOY_LAYOUT.ring_entry("ring", 8)]
+    assert copies == [PageCopy(0, "ring", 3, ring)] and pin == (0, {"ring": [3]})
+    assert manager.pool.refs(0, "ring", 3) == 1 and manager.pool.refs(0, "ring", 2) == 0
+    manager.register([], [pin])
+    manager.free(request)
+    _assert_all_free(manager)
+
+
+def test_an_ending_request_leaves_its_last_boundary_to_the_next_step():
+    manager, request = _manager(), _request([1, 2, 3])
+    _admit(manager, request, 6)
+    request.output_ids, request.num_computed = [4, 5, 6], 5      # decoded past 4
+    manager.free(request)
+    assert request.blocks == {} and manager.has_finals()
+    finals = manager.take_finals()
+    assert [(s.boundary, s.pages["kv"]) for s in finals] == [(4, 0)] and not manager.has_finals()
+    assert manager.pool.refs(0, "kv", 0) == 1                    # the save holds what it reads
+    manager.register(finals, [])
+    assert manager.pool.get(0, TOY_LAYOUT.keys(request, 1)[0]) == finals[0].pages
+    _assert_all_free(manager)
 
 
 # -- end to end: exactness against the uncached engine ----------------------------------
