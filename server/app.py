@@ -1,11 +1,10 @@
-"""The OpenAI-compatible HTTP API (Starlette) over the AsyncEngine."""
+"""The OpenAI-compatible HTTP API (Starlette) over an EngineClient (runtime/engine/client.py)."""
 from __future__ import annotations
 
 import asyncio
 import itertools
 import json
 import logging
-import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -21,9 +20,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from runtime.core.sampling_params import SEED_MIN, InvalidParam, SamplingParams
-from runtime.engine.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
-from runtime.engine.engine import RequestOutput
-from runtime.engine.grammar import GrammarError, Vocabulary
+from runtime.engine.client import EngineClient, EngineDeadError, RequestFailedError
+from runtime.engine.output_processor import RequestOutput
+from runtime.text.grammar import GrammarError, Vocabulary
 from server import chat
 from server.body import parse_json
 from server.chat import ChatOptions
@@ -53,7 +52,7 @@ log = logging.getLogger("v4serve.server")
 
 @dataclass
 class ServerState:
-    engine: AsyncEngine
+    engine: EngineClient
     spec: ModuleType
     model_name: str
     api_key: str | None = None
@@ -593,8 +592,7 @@ def server_info(state: ServerState) -> dict:
         # uni: every rank in the engine's process; mp: a process per rank (pid, host,
         # device, param and pool bytes of each)
         "executor": summary.get("executor", "uni"), "processes": summary.get("processes"),
-        "engine": "process" if getattr(engine, "process", None) else "thread",
-        "engine_pid": engine.process.pid if getattr(engine, "process", None) else os.getpid(),
+        "engine": engine.kind, "engine_pid": engine.pid,
         "topology": {"ranks": c.RANKS, "dp": c.DP, "ep": c.EP, "tp": c.TP, "device": c.DEVICE,
                      "dtype": c.DTYPE, "backend": c.BACKEND},
         "contract": {"tile": c.TILE, "max_extent": c.MAX_EXTENT,

@@ -3,72 +3,52 @@
     engine = AsyncEngine(Engine.build(config)); engine.start()
     async for output in engine.generate(prompt_ids, params, request_id): ...
 
-The event loop never waits for a step: new requests and aborts go through queues that
-the engine thread drains between steps. Cancelling the consumer (a client that went
-away) aborts the request, which frees its blocks and MTP slot.
+The event loop never waits for a step: new requests and aborts go through one queue (the
+intake's messages, runtime/engine/intake.py) that the engine thread drains between
+steps. Cancelling the consumer (a client that went away) aborts the request, which frees
+its blocks and MTP slot.
 
-Failures are sorted by whose they are. A request the engine refuses raises ValueError in
-its stream; a request whose own processing fails (sampling, detokenization, a stop
-check) raises RequestFailedError in its stream alone, and everyone else goes on. Only a
-failure of the shared step (a kernel, the pools, the scheduler) kills the engine: every
-stream in flight and every later call gets EngineDeadError.
+Failures are sorted by whose they are (runtime/engine/client.py): a request the engine
+refuses raises ValueError in its stream; a request whose own processing fails (sampling,
+detokenization, a stop check) raises RequestFailedError in its stream alone, and
+everyone else goes on. Only a failure of the shared step (a kernel, the pools, the
+scheduler) kills the engine: every stream in flight and every later call gets
+EngineDeadError.
 """
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections import deque
 from collections.abc import AsyncIterator
 
 from runtime.core.sampling_params import SamplingParams
+from runtime.engine.client import EngineClient, EngineDeadError, consume
 from runtime.engine.engine import Engine, RequestOutput
+from runtime.engine.intake import Abort, Add, take
 
 
-class EngineDeadError(RuntimeError):
-    """The shared step failed; the engine serves nobody any more."""
+class AsyncEngine(EngineClient):
+    """The EngineClient of an Engine stepped on a thread of this process."""
 
+    kind = "thread"
 
-class RequestFailedError(RuntimeError):
-    """One request's own processing failed; the engine goes on."""
-
-
-async def consume(queue: asyncio.Queue, request_id: str,
-                  abort) -> AsyncIterator[RequestOutput]:
-    """A request's outputs from the queue its engine fills: RequestOutputs, then the end;
-    or a refusal (ValueError), its own failure (RequestFailedError, or an output with an
-    error) or the engine's (any other exception: EngineDeadError). A consumer that stops
-    early aborts the request."""
-    finished = False
-    try:
-        while not finished:
-            item = await queue.get()
-            if isinstance(item, ValueError | RequestFailedError):
-                finished = True
-                raise item
-            if isinstance(item, BaseException):
-                raise EngineDeadError(f"the engine stopped: {item}") from item
-            finished = item.finished
-            if item.error is not None:
-                raise RequestFailedError(f"request {request_id} failed: {item.error}")
-            yield item
-    finally:
-        if not finished:
-            abort(request_id)
-
-
-class AsyncEngine:
     def __init__(self, engine: Engine):
         self.engine = engine
         self._step_lock = threading.Lock()      # held by the engine thread for each step
         self._wake = threading.Event()
-        self._incoming: deque[tuple[str, str | list[int], SamplingParams]] = deque()
-        self._aborts: deque[str] = deque()
+        self._incoming: deque[Add | Abort] = deque()   # the engine thread takes, in order
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._thread = threading.Thread(target=self._loop, name="v4serve-engine", daemon=True)
         self._stopping = False
         self.error: BaseException | None = None
 
-    # -- what the server reads (runtime/process/core_client.py answers the same for a core) --
+    # -- the EngineClient surface ----------------------------------------------------
+
+    @property
+    def pid(self) -> int:
+        return os.getpid()
 
     @property
     def tokenizer(self):
@@ -112,14 +92,14 @@ class AsyncEngine:
             raise EngineDeadError(f"the engine stopped: {self.error}")
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), queue)
-        self._incoming.append((request_id, prompt, params))
+        self._incoming.append(Add(request_id, prompt, params))
         self._wake.set()
         async for item in consume(queue, request_id, self.abort):
             yield item
 
     def abort(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
-        self._aborts.append(request_id)
+        self._incoming.append(Abort([request_id]))
         self._wake.set()
 
     def run_locked(self, fn, *args):
@@ -148,21 +128,14 @@ class AsyncEngine:
             self._streams.clear()
 
     def _take_requests(self) -> None:
-        while self._aborts:
-            self.engine.abort(self._aborts.popleft())
         while self._incoming:
-            request_id, prompt, params = self._incoming.popleft()
-            if request_id not in self._streams:        # cancelled before it started
-                continue
-            try:
-                self.engine.add_request(prompt, params, request_id)
-            except ValueError as exc:                  # refused: the client's to fix
-                self._send(request_id, exc)
-                self._streams.pop(request_id, None)
-            except Exception as exc:  # noqa: BLE001 - this request's failure alone
-                self._send(request_id, RequestFailedError(f"request {request_id} failed: "
-                                                          f"{type(exc).__name__}: {exc}"))
-                self._streams.pop(request_id, None)
+            message = self._incoming.popleft()
+            if isinstance(message, Add) and message.request_id not in self._streams:
+                continue                               # cancelled before it started
+            refused = take(self.engine, message)
+            if refused is not None:
+                self._send(refused.request_id, refused.error())
+                self._streams.pop(refused.request_id, None)
 
     def _send(self, request_id: str, item: object) -> None:
         target = self._streams.get(request_id)

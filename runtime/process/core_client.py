@@ -1,13 +1,13 @@
-"""CoreClient: the engine core process as the API server sees it, with the surface of
-AsyncEngine (generate, abort, admission, snapshot, healthy), so the server runs on
-either.
+"""CoreClient: the engine core process as the API server sees it, an EngineClient
+(runtime/engine/client.py) as AsyncEngine is, so the server runs on either.
 
 The client starts the core (`python -m runtime.process.engine_core`), sends it requests and
-aborts, and turns each Step it pushes into RequestOutputs: the incremental
-detokenization and the stop strings happen here, in the server process; a stop string
-found aborts the request in the core. A receiver thread reads the core's pipe and
-watches the process: when the core dies (or reports Dead), every request in flight gets
-EngineDeadError within a poll interval, `healthy` turns false and stays false.
+aborts, and turns each Step it pushes into RequestOutputs with its OutputProcessor: the
+incremental detokenization and the stop strings happen here, in the server process; an
+output the processor ended (a stop string) is aborted in the core. A receiver thread
+reads the core's pipe and watches the process: when the core dies (or reports Dead),
+every request in flight gets EngineDeadError within a poll interval, `healthy` turns
+false and stays false.
 """
 from __future__ import annotations
 
@@ -27,24 +27,13 @@ import msgspec
 import zmq
 
 import generated
-from runtime.core.sampling_params import InvalidParam, SamplingParams
-from runtime.device.model_runner import TokenLogprobs
-from runtime.engine.async_engine import EngineDeadError, RequestFailedError, consume
-from runtime.engine.detokenizer import Detokenizer
-from runtime.engine.engine import EngineConfig, RequestOutput
-from runtime.engine.tokenizer import Tokenizer
+from runtime.core.sampling_params import SamplingParams
+from runtime.engine.client import EngineClient, EngineDeadError, consume
+from runtime.engine.config import EngineConfig
+from runtime.engine.output_processor import OutputProcessor, RequestOutput
 from runtime.planning.admission import Admission
-from runtime.process.core_messages import (
-    Abort,
-    Add,
-    Dead,
-    Delta,
-    FromCore,
-    Ready,
-    Refused,
-    Shutdown,
-    Step,
-)
+from runtime.process.core_messages import Abort, Add, Dead, FromCore, Ready, Shutdown, Step
+from runtime.text.tokenizer import Tokenizer
 
 log = logging.getLogger("v4serve.core")
 POLL_MS = 100           # the receiver notices a dead core within this
@@ -52,22 +41,25 @@ POLL_MS = 100           # the receiver notices a dead core within this
 
 @dataclasses.dataclass
 class _Stream:
-    """A request in flight: where its outputs go, and its text so far."""
+    """A request in flight: where its outputs go (its text: the output processor's)."""
 
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
-    prompt_ids: list[int]
-    detok: Detokenizer | None
-    output_ids: list[int] = dataclasses.field(default_factory=list)
 
 
-class CoreClient:
+class CoreClient(EngineClient):
+    """The EngineClient of an engine core process."""
+
+    kind = "process"
+
     def __init__(self, config: EngineConfig):
         self.config = config
         self.spec = generated.load(config.spec)
         self.admission = Admission.plan(config, self.spec)    # ConfigError before spawning
         model = Path(config.model)
         self.tokenizer = Tokenizer(model) if (model / "tokenizer.json").exists() else None
+        # written by the event loop (add, abort) and the receiver (outputs, refusals)
+        self._processor = OutputProcessor(self.tokenizer)
         self.process: subprocess.Popen | None = None
         self.on_ready: Callable[[dict], None] | None = None
         self.on_dead: Callable[[str], None] | None = None      # also before it was ready
@@ -122,6 +114,10 @@ class CoreClient:
         self._folder.cleanup()
 
     @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    @property
     def ready(self) -> bool:
         return self._summary is not None
 
@@ -150,21 +146,26 @@ class CoreClient:
             raise EngineDeadError(f"the engine stopped: {self.error}")
         if not self.ready:
             raise EngineDeadError("the engine is still loading")
-        detok = Detokenizer(self.tokenizer, params.stop) if self.tokenizer else None
         queue: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = _Stream(asyncio.get_running_loop(), queue, list(prompt),
-                                            detok)
+        prompt_ids = list(prompt)
+        self._streams[request_id] = _Stream(asyncio.get_running_loop(), queue)
+        self._processor.add(request_id, prompt_ids, params.stop)
         try:
-            self._send(Add(request_id, list(prompt), params))
+            self._send(Add(request_id, prompt_ids, params))
         except BaseException:
-            self._streams.pop(request_id, None)
+            self._end(request_id)
             raise
         async for item in consume(queue, request_id, self.abort):
             yield item
 
     def abort(self, request_id: str) -> None:
-        if self._streams.pop(request_id, None) is not None:
+        if self._end(request_id) is not None:
             self._abort_in_core(request_id)
+
+    def _end(self, request_id: str) -> _Stream | None:
+        """Stop following a request: its stream, if it still had one."""
+        self._processor.forget(request_id)
+        return self._streams.pop(request_id, None)
 
     def _abort_in_core(self, request_id: str) -> None:
         if self.error is None:
@@ -210,10 +211,9 @@ class CoreClient:
     def _step(self, message: Step) -> None:
         """Every output of the step handed to the event loop in one wake-up."""
         self._snapshot = message.snapshot
-        batch = [(s, self._refusal(r)) for r in message.refused
-                 if (s := self._streams.pop(r.request_id, None)) is not None]
-        batch += [(s, self._output(d.request_id, s, d)) for d in message.deltas
-                  if (s := self._streams.get(d.request_id)) is not None]
+        batch = [(s, r.error()) for r in message.refused
+                 if (s := self._end(r.request_id)) is not None]
+        batch += self._outputs(message)
         loops: dict[asyncio.AbstractEventLoop, list] = {}
         for stream, item in batch:
             loops.setdefault(stream.loop, []).append((stream.queue, item))
@@ -226,41 +226,19 @@ class CoreClient:
                             and not item.finished:
                         self.abort(item.request_id)
 
-    @staticmethod
-    def _refusal(refused: Refused) -> Exception:
-        if not refused.client_error:
-            return RequestFailedError(f"request {refused.request_id} failed: "
-                                      f"{refused.message}")
-        return InvalidParam(refused.param, refused.message) if refused.param \
-            else ValueError(refused.message)
-
-    def _output(self, request_id: str, stream: _Stream, delta: Delta) -> RequestOutput:
-        """One step's tokens as a RequestOutput: text released, stop strings applied (a
-        stop ends the request here and aborts it in the core)."""
-        stream.output_ids += delta.new_ids
-        finished, reason, stop_reason = delta.finished, delta.finish_reason, delta.stop_reason
-        new_text, text = "", ""
-        try:
-            if stream.detok is not None and delta.error is None:
-                new_text, stop = stream.detok.add(delta.new_ids)
-                if stop is not None and not finished:
-                    finished, reason, stop_reason = True, "stop", stop
-                    self._abort_in_core(request_id)
-                elif finished:
-                    new_text += stream.detok.flush()
-                text = stream.detok.text
-            error = delta.error
-        except Exception as exc:  # noqa: BLE001 - this request's failure alone
-            finished, reason, error = True, "error", f"{type(exc).__name__}: {exc}"
-            if not delta.finished:
-                self._abort_in_core(request_id)
-        logprobs = [TokenLogprobs(t, lp, [tuple(x) for x in top])
-                    for t, lp, top in delta.logprobs]
-        if finished:
-            self._streams.pop(request_id, None)
-        return RequestOutput(request_id, stream.prompt_ids, list(stream.output_ids), text,
-                             list(delta.new_ids), new_text, finished, reason, stop_reason,
-                             logprobs, error, delta.num_cached_tokens)
+    def _outputs(self, message: Step) -> list[tuple[_Stream, RequestOutput]]:
+        """The step's RequestOutputs with their streams. One the processor ended (a stop
+        string; its text failed) still runs in the core: abort it there."""
+        ended_in_core = {d.request_id for d in message.deltas if d.finished}
+        batch = []
+        for out in self._processor.process(message.deltas):
+            if out.finished and out.request_id not in ended_in_core:
+                self._abort_in_core(out.request_id)
+            stream = self._end(out.request_id) if out.finished \
+                else self._streams.get(out.request_id)
+            if stream is not None:
+                batch.append((stream, out))
+        return batch
 
     def _die(self, error: str) -> None:
         """The core is gone: every request in flight and every later one fails."""
@@ -269,9 +247,9 @@ class CoreClient:
         if self.on_dead is not None:
             self.on_dead(error)
         failure = RuntimeError(error)
-        for stream in list(self._streams.values()):
-            _put(stream, failure)
-        self._streams.clear()
+        for request_id in list(self._streams):
+            if (stream := self._end(request_id)) is not None:   # not aborted meanwhile
+                _put(stream, failure)
 
 
 def _put(stream: _Stream, item: object) -> bool:

@@ -5,9 +5,10 @@ import torch
 
 from runtime.core.sampling_params import SamplingParams
 from runtime.engine.engine import Engine, EngineConfig
-from runtime.engine.tokenizer import Tokenizer
 from runtime.model.forward import logits, main_model
 from runtime.model.paging import Segment
+from runtime.text.detokenizer import Detokenizer
+from runtime.text.tokenizer import Tokenizer
 from tests.model.support import FIXTURE, REF, Driver
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -45,3 +46,18 @@ def assert_all_free(engine: Engine) -> None:
         if engine.scheduler.slots is not None:
             assert engine.scheduler.slots.in_use(rank) == 0, rank
     assert not engine.requests and engine.scheduler.num_running == 0
+
+
+FAULT = "<fault>"       # the stop string that marks a request whose detokenizer raises
+
+
+def break_detokenizer(monkeypatch) -> None:
+    """Detokenizer.add raises UnicodeError for a request with the stop string FAULT."""
+    real = Detokenizer.add
+
+    def patched(self, ids):
+        if FAULT in self.stop:
+            raise UnicodeError("injected detokenizer fault")
+        return real(self, ids)
+
+    monkeypatch.setattr(Detokenizer, "add", patched)

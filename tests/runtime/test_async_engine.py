@@ -6,7 +6,8 @@ import asyncio
 import pytest
 
 from runtime.core.sampling_params import SamplingParams
-from runtime.engine.async_engine import AsyncEngine, EngineDeadError
+from runtime.engine.async_engine import AsyncEngine
+from runtime.engine.client import EngineDeadError
 from tests.model.support import reference_params
 from tests.runtime.engine_support import assert_all_free, make_engine, random_prompt
 

@@ -11,11 +11,17 @@ import torch
 
 from runtime.core.sampling_params import SamplingParams
 from runtime.device import batch_sampler
-from runtime.device.model_runner import ModelRunner
-from runtime.engine.async_engine import AsyncEngine, RequestFailedError
-from runtime.engine.detokenizer import Detokenizer
+from runtime.device.sampler import Sampler
+from runtime.engine.async_engine import AsyncEngine
+from runtime.engine.client import RequestFailedError
 from tests.model.support import reference_params
-from tests.runtime.engine_support import assert_all_free, make_engine, random_prompt
+from tests.runtime.engine_support import (
+    FAULT,
+    assert_all_free,
+    break_detokenizer,
+    make_engine,
+    random_prompt,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -52,14 +58,14 @@ def unsound_rows(monkeypatch, after: int) -> None:
 
 def failing_rows(monkeypatch, after: int) -> None:
     """Building the faulty request's sampling row raises once it has `after` tokens."""
-    real = ModelRunner._row
+    real = Sampler.row
 
     def patched(self, request):
         if request.params.seed == MARK and len(request.output_ids) >= after:
             raise RuntimeError("injected sampling fault")
         return real(self, request)
 
-    monkeypatch.setattr(ModelRunner, "_row", patched)
+    monkeypatch.setattr(Sampler, "row", patched)
 
 
 def _run(engine):
@@ -90,16 +96,9 @@ def test_a_sampling_fault_ends_only_its_request(params, clean, monkeypatch, k, a
 
 
 def test_a_detokenizer_fault_ends_only_its_request(params, clean, monkeypatch):
-    real = Detokenizer.add
-
-    def patched(self, ids):
-        if "<fault>" in self.stop:
-            raise UnicodeError("injected detokenizer fault")
-        return real(self, ids)
-
-    monkeypatch.setattr(Detokenizer, "add", patched)
+    break_detokenizer(monkeypatch)
     engine = make_engine(params)
-    faulty = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, stop=("<fault>",))
+    faulty = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, stop=(FAULT,))
     ids = [engine.add_request(p, faulty if i == FAULTY else PARAMS).request_id
            for i, p in enumerate(PROMPTS)]
     final = {}

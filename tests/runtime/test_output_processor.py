@@ -1,0 +1,119 @@
+"""The OutputProcessor (Deltas of token ids -> RequestOutputs, the one home of text and
+stop strings for the in-process engine and the core client) and the intake both take
+requests through (a refusal sorted by whose fault it is)."""
+from __future__ import annotations
+
+import pytest
+
+from runtime.core.sampling_params import InvalidParam, SamplingParams
+from runtime.engine.client import RequestFailedError
+from runtime.engine.intake import Abort, Add, Refused, take
+from runtime.engine.output_processor import Delta, OutputProcessor
+from runtime.text.tokenizer import Tokenizer
+from tests.conftest import REPO
+from tests.runtime.engine_support import FAULT, break_detokenizer
+
+TOK = Tokenizer(REPO / "models" / "tiny")
+IDS = TOK.encode("def fibonacci(n): return n", add_special_tokens=False)
+TEXT = TOK.decode(IDS)
+
+
+def _run(processor: OutputProcessor, request_id: str, ids: list[int], step: int = 2):
+    """Deltas of `step` ids each (the last one finished by the scheduler, "length"):
+    every output until the processor ends the request."""
+    outs = []
+    for at in range(0, len(ids), step):
+        end = at + step >= len(ids)
+        delta = Delta(request_id, ids[at:at + step], end, "length" if end else None)
+        outs += processor.process([delta])
+        if outs[-1].finished:
+            return outs
+    return outs
+
+
+def test_text_streams_whole_and_the_scheduler_finish_flushes_what_was_held():
+    processor = OutputProcessor(TOK)
+    processor.add("a", [1, 2], stop=("never seen",))
+    outs = _run(processor, "a", IDS)
+    assert "".join(o.new_text for o in outs) == outs[-1].text == TEXT
+    assert outs[-1].output_ids == IDS and outs[-1].prompt_ids == [1, 2]
+    assert outs[-1].finish_reason == "length" and outs[-1].stop_reason is None
+    assert processor.process([Delta("a", [5], False)]) == []     # forgotten once finished
+
+
+def test_a_stop_string_ends_the_output_before_it():
+    processor = OutputProcessor(TOK)
+    processor.add("a", [], stop=("(n)",))
+    outs = _run(processor, "a", IDS, step=1)
+    last = outs[-1]
+    assert last.finished and last.finish_reason == "stop" and last.stop_reason == "(n)"
+    assert last.text == TEXT[:TEXT.index("(n)")] == "".join(o.new_text for o in outs)
+    assert len(last.output_ids) < len(IDS)
+
+
+def test_the_schedulers_finish_in_the_same_step_keeps_its_reason_and_releases_all():
+    processor = OutputProcessor(TOK)
+    processor.add("a", [], stop=("(n)",))
+    [out] = processor.process([Delta("a", IDS, True, "stop", 7)])
+    assert (out.finish_reason, out.stop_reason) == ("stop", 7)
+    assert out.text == TEXT                     # all released, the stop string too
+
+
+def test_without_a_tokenizer_outputs_carry_ids_only():
+    processor = OutputProcessor(None)
+    processor.add("a", [1], stop=("(n)",))
+    [out] = processor.process([Delta("a", IDS, False, num_cached_tokens=0)])
+    assert (out.text, out.new_text, out.new_ids, out.finished) == ("", "", IDS, False)
+    assert out.num_cached_tokens == 0
+
+
+def test_an_engine_error_and_a_text_fault_end_only_their_request(monkeypatch):
+    break_detokenizer(monkeypatch)
+    processor = OutputProcessor(TOK)
+    for request_id, stop in [("ok", ()), ("bad", (FAULT,)), ("core", ())]:
+        processor.add(request_id, [1], stop)
+    ok, bad, core = processor.process([
+        Delta("ok", IDS[:2], False), Delta("bad", IDS[:2], False),
+        Delta("core", [], True, "error", error="boom")])
+    assert not ok.finished and ok.text
+    assert (bad.finished, bad.finish_reason) == (True, "error")
+    assert bad.error == "UnicodeError: injected detokenizer fault"
+    assert bad.output_ids == IDS[:2] and (bad.text, bad.new_ids) == ("", [])
+    assert (core.finish_reason, core.error) == ("error", "boom")
+    failed = processor.fail("ok", RuntimeError("sampling"), num_cached_tokens=3)
+    assert failed.error == "RuntimeError: sampling" and failed.output_ids == IDS[:2]
+    assert processor.process([Delta(r, [5], False) for r in ("ok", "bad", "core")]) == []
+
+
+class _Engine:
+    def __init__(self, raises: Exception | None = None):
+        self.raises, self.added, self.aborted = raises, [], []
+
+    def add_request(self, prompt, params, request_id):
+        if self.raises is not None:
+            raise self.raises
+        self.added.append(request_id)
+
+    def abort(self, request_id):
+        self.aborted.append(request_id)
+
+
+@pytest.mark.parametrize(("raised", "expected", "param"), [
+    (InvalidParam("max_tokens", "too many"), InvalidParam, "max_tokens"),
+    (ValueError("never fits"), ValueError, None),
+    (KeyError("bug"), RequestFailedError, None)])
+def test_a_refusal_is_sorted_by_whose_fault_it_is(raised, expected, param):
+    refused = take(_Engine(raised), Add("r", [1, 2], SamplingParams()))
+    assert isinstance(refused, Refused) and refused.client_error == (expected is not
+                                                                      RequestFailedError)
+    error = refused.error()
+    assert type(error) is expected and getattr(error, "param", None) == param
+    assert "request r failed: KeyError" in str(error) if expected is RequestFailedError \
+        else str(error) == str(raised)
+
+
+def test_intake_adds_and_aborts_in_order():
+    engine = _Engine()
+    assert take(engine, Add("r", "a prompt", SamplingParams())) is None
+    assert take(engine, Abort(["r", "s"])) is None
+    assert engine.added == ["r"] and engine.aborted == ["r", "s"]
