@@ -20,7 +20,6 @@ acceptance that 1.3x needs is printed.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -32,11 +31,11 @@ from torch.utils.flop_counter import FlopCounterMode, register_flop_formula
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import generated  # noqa: E402
+from bench.args import bench_parser  # noqa: E402
 from bench.offline import decode_row, prompts, run_transformers  # noqa: E402
 from contract.checkpoint_layout import expected_shapes  # noqa: E402
 from contract.model_args import ModelArgs  # noqa: E402
 from runtime.backends.compiled.moe import grouped_mm  # noqa: E402
-from runtime.cli import default_model  # noqa: E402
 from runtime.core.sampling_params import SamplingParams  # noqa: E402
 from runtime.engine.engine import Engine, EngineConfig  # noqa: E402
 from runtime.model.params import ModelParams  # noqa: E402
@@ -106,12 +105,8 @@ def mtp_cost(spec_name: str) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", default="tiny")
-    parser.add_argument("--model", type=Path, default=default_model("tiny"))
+    parser = bench_parser(__doc__)
     parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--prompt-len", type=int, default=256)
-    parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--target", type=float, default=3.0)
     parser.add_argument("--mtp-specs", default="tiny,deepseek_v4_flash,deepseek_v4_pro")
     args = parser.parse_args()

@@ -22,8 +22,8 @@ from tokenizers import Tokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.train_tiny import SPEC, corpus_files, evaluate, split, token_stream  # noqa: E402
-from runtime.cli import default_model  # noqa: E402
 from runtime.weights.loader import load_params  # noqa: E402
+from server.cli.spec_check import default_model  # noqa: E402
 
 WINDOW = 512
 

@@ -113,7 +113,7 @@ def scratch_repo(workdir: Path) -> Path:
 def _v4serve(repo: Path, *argv: str, check: bool = True) -> tuple[str, int]:
     """Run `v4serve argv` in the scratch repository: (its stdout, its peak RSS bytes)."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "server.command", *argv], cwd=repo,
+        proc = subprocess.Popen([sys.executable, "-m", "server.cli", *argv], cwd=repo,
                                 stdout=out, stderr=err,
                                 env={**os.environ, "PYTHONPATH": str(repo)})
         _, status, usage = os.wait4(proc.pid, 0)       # this child's own rusage

@@ -13,7 +13,6 @@ line per backend says how long that took.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -23,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runtime.cli import default_model  # noqa: E402
+from bench.args import bench_parser  # noqa: E402
 from runtime.core.sampling_params import SamplingParams  # noqa: E402
 from runtime.engine.engine import Engine, EngineConfig  # noqa: E402
 
@@ -36,7 +35,7 @@ def prompts(n: int, length: int, model: Path) -> list[list[int]]:
     (what the embedded model was trained for), else random token ids."""
     if (model / "tokenizer.json").exists() and length <= 1024:
         from bench.train_tiny import corpus_files, split
-        from runtime.engine.tokenizer import Tokenizer
+        from runtime.text.tokenizer import Tokenizer
 
         tok = Tokenizer(model)
         texts = [f.read_text(errors="replace") for f in split(corpus_files())[1]]
@@ -121,11 +120,7 @@ def _row(backend: str, n: int, k: int, r: dict, hf: float | None) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", default="tiny")
-    parser.add_argument("--model", type=Path, default=default_model("tiny"))
-    parser.add_argument("--prompt-len", type=int, default=256)
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser = bench_parser(__doc__)
     parser.add_argument("--concurrency", default="1,64")
     parser.add_argument("--backends", default="compiled,torch")
     parser.add_argument("--long-prompt", type=int, default=16000,

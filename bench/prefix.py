@@ -13,7 +13,6 @@ Messages are openings of held-out standard-library files (what the embedded mode
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import statistics
@@ -24,8 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.args import bench_parser  # noqa: E402
 from bench.serve import Stream, percentile, start_server  # noqa: E402
-from runtime.cli import default_model  # noqa: E402
 
 
 class ChatStream(Stream):
@@ -62,7 +61,7 @@ def messages(conversations: int, turns: int, first_len: int, later_len: int,
              model: Path) -> list[list[str]]:
     """Per conversation, the user message of every turn: held-out file openings."""
     from bench.train_tiny import corpus_files, split
-    from runtime.engine.tokenizer import Tokenizer
+    from runtime.text.tokenizer import Tokenizer
 
     tok = Tokenizer(model)
     texts = [t for t in (f.read_text(errors="replace") for f in split(corpus_files())[1])
@@ -112,16 +111,13 @@ def report(label: str, results: list[list[dict]]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", default="tiny")
-    parser.add_argument("--model", type=Path, default=default_model("tiny"))
+    parser = bench_parser(__doc__, max_tokens=32, prompt_len=None)
     parser.add_argument("--conversations", type=int, default=16)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--first-len", type=int, default=1000,
                         help="tokens of the first user message")
     parser.add_argument("--later-len", type=int, default=150,
                         help="tokens of each later user message")
-    parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--port", type=int, default=8124)
     args = parser.parse_args()
     convs = messages(args.conversations, args.turns, args.first_len, args.later_len,

@@ -11,7 +11,6 @@ The client is a minimal asyncio HTTP/1.1 reader (see Stream). Prints figures onl
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -26,7 +25,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runtime.cli import default_model  # noqa: E402
+from bench.args import bench_parser  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -164,12 +163,8 @@ def start_server(spec: str, model: Path, port: int, k: int, *flags: str) -> subp
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", default="tiny")
-    parser.add_argument("--model", type=Path, default=default_model("tiny"))
+    parser = bench_parser(__doc__)
     parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--prompt-len", type=int, default=256)
-    parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--concurrency", default="1,8,32,64")
     parser.add_argument("--port", type=int, default=8123)
     args = parser.parse_args()

@@ -25,9 +25,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.offline import build, prompts  # noqa: E402
-from runtime.cli import default_model  # noqa: E402
 from runtime.core.sampling_params import SamplingParams  # noqa: E402
-from runtime.engine.grammar import StructuredOutputs  # noqa: E402
+from runtime.text.grammar import StructuredOutputs  # noqa: E402
+from server.cli.spec_check import default_model  # noqa: E402
 
 CONSTRAINTS = {
     "none": None,

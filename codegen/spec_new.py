@@ -23,7 +23,7 @@ from codegen.pipeline import load_spec
 from codegen.pool_roles import ROLES, layer_kinds, role_kinds
 from codegen.schema import ModelSection, RopeScaling, Spec
 from contract.checkpoint_layout import is_fp8_projection, is_routed_expert
-from runtime.weights.safetensors_file import SafetensorsFile
+from contract.safetensors_header import SafetensorsHeader
 
 FLOW_KEYS = {"compress_ratios", "num_speculative_tokens"}
 
@@ -59,7 +59,7 @@ def released_weights(directory: Path) -> dict[str, str] | None:
     dtypes: dict[str, str] = {}
     shapes: dict[str, tuple[int, ...]] = {}
     for path in sorted(directory.glob("*.safetensors")):
-        f = SafetensorsFile(path)
+        f = SafetensorsHeader(path)
         try:
             dtypes.update({name: f.dtype(name) for name in f.keys()})
             shapes.update({name: f.shape(name) for name in f.keys()})

@@ -5,14 +5,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+def _paths() -> list[str]:
+    return field(default_factory=list)
+
+
 @dataclass
 class Drift:
-    """How a directory differs from what codegen would write there."""
+    """How a directory differs from what codegen would write there: paths relative to it."""
 
-    missing: list[str] = field(default_factory=list)
-    changed: list[str] = field(default_factory=list)
-    extra: list[str] = field(default_factory=list)
-    unchanged: list[str] = field(default_factory=list)
+    missing: list[str] = _paths()
+    changed: list[str] = _paths()
+    extra: list[str] = _paths()
+    unchanged: list[str] = _paths()
 
     @property
     def clean(self) -> bool:

@@ -28,8 +28,8 @@ from functools import lru_cache, partial
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from runtime.engine.grammar import StructuredOutputs
-from runtime.engine.tokenizer import Tokenizer
+from runtime.text.grammar import StructuredOutputs
+from runtime.text.tokenizer import Tokenizer
 from server import v4_encoding
 from server.content_marks import ContentMarks, Segment
 from server.protocol import APIError, ChatCompletionRequest, bad_request

@@ -15,7 +15,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.core.sampling_params import InvalidParam, SamplingParams
-from runtime.engine.grammar import GrammarError, StructuredOutputs
+from runtime.text.grammar import GrammarError, StructuredOutputs
 
 
 class APIError(Exception):

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from runtime.engine.engine import RequestOutput
-from runtime.engine.tokenizer import Tokenizer
+from runtime.text.tokenizer import Tokenizer
 from server.chat_output import ChatOutput
 
 

@@ -12,7 +12,7 @@ from tests.conftest import REPO, replace_once
 
 
 def _v4serve(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "server.command", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "server.cli", *args], cwd=cwd,
                           capture_output=True, text=True, env=_env())
 
 
@@ -103,7 +103,7 @@ def test_generate_rejects_a_k_without_a_layout():
 
 def _generate(capsys, *args: str) -> tuple[int, str]:
     """`v4serve generate` on the reference fixture, in this process: (exit code, stderr)."""
-    from server.command import main
+    from server.cli import main
 
     fixture = str(REPO / "tests" / "fixtures" / "v4-tiny")
     code = main(["generate", "--spec", "reference", "--model", fixture, *args])
@@ -162,7 +162,7 @@ def _flags(parser, path=("v4serve",)):
 def test_every_flag_has_help_and_shows_its_default():
     import argparse
 
-    from server.command import build_parser
+    from server.cli import build_parser
 
     flags = list(_flags(build_parser()))
     assert len(flags) > 60
@@ -175,7 +175,7 @@ def test_every_flag_has_help_and_shows_its_default():
 
 
 def test_help_imports_neither_torch_nor_pydantic():
-    probe = ("import sys\nfrom server.command import build_parser\n"
+    probe = ("import sys\nfrom server.cli import build_parser\n"
              "build_parser().format_help()\n"
              "print(sorted(m for m in ('torch', 'pydantic', 'uvicorn') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
@@ -204,7 +204,7 @@ def test_a_spec_newer_than_its_generated_code_is_refused_before_loading(tmp_path
 
 
 def test_the_repositorys_spec_edited_names_make_codegen(tmp_path, monkeypatch):
-    from runtime.engine import spec_check
+    from server.cli import spec_check
 
     (tmp_path / "specs").mkdir()
     _edited_tiny(tmp_path).rename(tmp_path / "specs" / "tiny.yaml")
@@ -249,7 +249,7 @@ def test_codegen_of_one_new_spec_indexes_it_beside_the_others(tmp_path):
 
 
 def test_generate_labels_each_of_several_completions(capsys):
-    from server.command import main
+    from server.cli import main
 
     fixture = str(REPO / "tests" / "fixtures" / "v4-tiny")
     code = main(["generate", "--spec", "reference", "--model", fixture, "--prompt-ids", "5,6",
@@ -275,7 +275,7 @@ def test_serve_refuses_a_port_in_use_before_loading(tmp_path):
 def test_the_api_key_comes_from_the_flag_else_the_environment(monkeypatch):
     import argparse
 
-    from server.cli import api_key
+    from server.cli.serve import api_key
 
     for name in ("VLLM_API_KEY", "V4SERVE_API_KEY"):
         monkeypatch.delenv(name, raising=False)

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from functools import cached_property
 
-from runtime.engine.grammar import StructuredOutputs
+from runtime.text.grammar import StructuredOutputs
 
 SAMPLING_EPS = 1e-5        # a temperature below this is greedy (vLLM's rule)
 INT64_MAX = 2**63 - 1     # integers travel as int64 (msgpack to the engine core, tensors)

@@ -8,8 +8,6 @@ imports no torch; the generated package it reads does.)
 """
 from __future__ import annotations
 
-import argparse
-import json
 from typing import Any
 
 from runtime.planning.admission import Admission, ConfigError, least_pool_bytes
@@ -18,48 +16,12 @@ from runtime.planning.memory_plan import MemoryPlan, weight_bytes
 GIB = 2**30
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    from runtime.cli import add_limit_args, add_memory_args
-
-    parser = sub.add_parser(
-        "plan", help="how many tokens a spec's cache holds on a device, from the spec alone",
-        description="Weights per rank by kind, cache pool bytes per group, tokens per rank "
-                    "and the requests of --max-model-len tokens that run at once, for one "
-                    "replica of the spec on devices of --device-memory each; or how much "
-                    "memory is missing. Exit status 1 when it does not fit.")
-    add_limit_args(parser)
-    add_memory_args(parser, required=True)
-    parser.add_argument("--ranks", type=_positive, default=None,
-                        help="ranks of the replica, one device each; the routed experts "
-                             "split over them (default: the spec's)")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.set_defaults(func=run)
-
-
-def _positive(text: str) -> int:
+def plan(config: Any, spec: Any, ranks: int | None = None) -> dict[str, Any]:
+    """The figures of `config` on `spec` (report's where it fits, else what is missing)."""
     try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: a positive number of ranks")
-    return value
-
-
-def run(args: argparse.Namespace) -> int:
-    from runtime.cli import limit_fields
-    from runtime.engine.config import EngineConfig
-    from runtime.engine.spec_check import load_current
-
-    spec = load_current(args.spec)
-    config = EngineConfig(**limit_fields(args), device_memory=args.device_memory,
-                          gpu_memory_utilization=args.gpu_memory_utilization)
-    try:
-        result = report(Admission.plan(config, spec, args.ranks))
+        return report(Admission.plan(config, spec, ranks))
     except ConfigError as exc:
-        result = _does_not_fit(config, spec, args.ranks, str(exc))
-    print(json.dumps(result, indent=2) if args.json else render(result))
-    return 0 if result["fits"] else 1
+        return _does_not_fit(config, spec, ranks, str(exc))
 
 
 def report(admission: Admission) -> dict[str, Any]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import subprocess
 import sys
 import traceback
 
@@ -23,18 +22,10 @@ import msgspec
 import zmq
 
 from runtime.engine.engine import Engine, EngineConfig, RequestOutput
-from runtime.process.core_messages import (
-    Abort,
-    Add,
-    Dead,
-    Delta,
-    Ready,
-    Refused,
-    Shutdown,
-    Step,
-    ToCore,
-)
-from runtime.process.parent_watch import arm_death_signal, die_with_parent
+from runtime.engine.intake import take
+from runtime.process.core_messages import Dead, Delta, Ready, Refused, Shutdown, Step, ToCore
+from runtime.process.parent_watch import die_with_parent
+from runtime.process.precompile import compile_missing
 
 log = logging.getLogger("v4serve.core")
 IDLE_POLL_MS = 500
@@ -73,28 +64,16 @@ class EngineCore:
             taken += 1
             if isinstance(message, Shutdown):
                 return None
-            if isinstance(message, Abort):
-                for request_id in message.request_ids:
-                    self.engine.abort(request_id)
-            elif isinstance(message, Add):
-                self._add(message)
+            refused = take(self.engine, message)
+            if refused is not None:
+                self.refused.append(refused)
         return taken
-
-    def _add(self, message: Add) -> None:
-        try:
-            self.engine.add_request(message.prompt_ids, message.params, message.request_id)
-        except ValueError as exc:                   # refused: the client's to fix
-            self.refused.append(Refused(message.request_id, str(exc),
-                                        getattr(exc, "param", None), True))
-        except Exception as exc:  # noqa: BLE001 - this request's failure alone
-            self.refused.append(Refused(message.request_id, f"{type(exc).__name__}: {exc}",
-                                        None, False))
 
 
 def _delta(out: RequestOutput) -> Delta:
-    logprobs = [(lp.token, lp.logprob, [tuple(t) for t in lp.top]) for lp in out.logprobs]
+    """An output as ids again: the text is the server's output processor's to make."""
     return Delta(out.request_id, out.new_ids, out.finished, out.finish_reason,
-                 out.stop_reason, logprobs, out.error, out.num_cached_tokens)
+                 out.stop_reason, out.logprobs, out.error, out.num_cached_tokens)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine = Engine.build(EngineConfig(**json.loads(args.config)))
         engine.warmup()
-        compiling = _compile_missing(engine)
+        compiling = compile_missing(engine)
         outbox.send(encoder.encode(Ready(engine.summary(), engine.snapshot())))
         EngineCore(engine, inbox, outbox).run()
         return 0
@@ -131,19 +110,6 @@ def main(argv: list[str] | None = None) -> int:
         if engine is not None:
             engine.close()                   # rank workers (mp), every one reaped
         context.destroy(linger=5000)
-
-
-def _compile_missing(engine: Engine) -> subprocess.Popen | None:
-    """Start compiling the graphs that have no artifact yet, in the background."""
-    from runtime.cli import precompile_command
-
-    pending = engine.pending_graphs()
-    if not pending:
-        return None
-    process = subprocess.Popen(precompile_command(engine.config), preexec_fn=arm_death_signal)
-    log.info("%d graph(s) are not compiled yet: compiling them in the background (pid %d); "
-             "they run eagerly meanwhile", pending, process.pid)
-    return process
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ step is O(new tokens + window), whatever the output's length.
 """
 from __future__ import annotations
 
-from runtime.engine.tokenizer import Tokenizer
+from runtime.text.tokenizer import Tokenizer
 
 CONTEXT = 5      # tokens decoded before the new ones, so merges across them come out right
 

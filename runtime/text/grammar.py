@@ -22,7 +22,7 @@ from pathlib import Path
 import llguidance
 import numpy as np
 
-from runtime.engine.tokenizer import Tokenizer, eos_token_id
+from runtime.text.tokenizer import Tokenizer, eos_token_id
 
 # JSON as a model writes it: one space after ':' and ',', no free whitespace (a model that
 # may add whitespace anywhere can spend its whole budget on it)

@@ -1,16 +1,23 @@
-"""The `v4serve` command: one subcommand per stage of the pipeline, each defined by the
-module that owns the stage. Building this parser imports neither torch nor pydantic, so
-`v4serve --help` (and any subcommand's help) answers at once; a subcommand imports what
-it runs."""
+"""The `v4serve` command, the one place every subcommand is registered: one subcommand
+per stage of the pipeline, each defined by a module of this package (codegen's by
+codegen/cli.py, which `python -m codegen` also runs).
+
+    codegen, spec new   specs -> generated/          codegen/cli.py
+    plan                a spec's capacity on a device plan.py
+    compile             the compiled backend's graphs compile.py
+    generate            offline generation            generate.py
+    serve               the OpenAI-compatible server  serve.py
+
+Every subcommand but codegen's shares the engine flags of engine_args.py. Building this
+parser imports neither torch nor pydantic, so `v4serve --help` (and any subcommand's
+help) answers at once; a subcommand imports what it runs.
+"""
 from __future__ import annotations
 
 import argparse
-import sys
 
 from codegen import cli as codegen_cli
-from runtime import cli as runtime_cli
-from runtime.planning import plan_report
-from server import cli as server_cli
+from server.cli import compile, generate, plan, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,17 +26,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     codegen_cli.add_parser(sub)
     codegen_cli.add_spec_parser(sub)
-    runtime_cli.add_parser(sub)
-    runtime_cli.add_compile_parser(sub)
-    plan_report.add_parser(sub)
-    server_cli.add_parser(sub)
+    generate.add_parser(sub)
+    compile.add_parser(sub)
+    plan.add_parser(sub)
+    serve.add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,8 +14,8 @@ import socket
 import subprocess
 import time
 
-from runtime.cli import add_engine_args, positive_int
 from runtime.planning import plan_report
+from server.cli.engine_args import add_engine_args, engine_command, positive_int
 
 log = logging.getLogger("v4serve")
 
@@ -26,15 +26,14 @@ PARSERS = ("deepseek_v4",)      # the reasoning and tool-call parsers (server/v4
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "serve", help="serve a spec over an OpenAI-compatible HTTP API",
-        description="Serve a spec's model over HTTP: /v1/completions, /v1/chat/completions, "
-                    "/v1/models, /health, /metrics, /server_info, /tokenize, /detokenize.")
-    configure(parser)
+    configure(engine_command(
+        subparsers, "serve", "serve a spec over an OpenAI-compatible HTTP API",
+        "Serve a spec's model over HTTP: /v1/completions, /v1/chat/completions, /v1/models, "
+        "/health, /metrics, /server_info, /tokenize, /detokenize."))
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    add_engine_args(parser)
+    """The server's flags, beside the engine's."""
     parser.set_defaults(defer_compile=True)
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default: 127.0.0.1; 0.0.0.0 for all)")
@@ -134,10 +133,10 @@ def _failed_start(server, client, error: str) -> None:
 
 def _core(args: argparse.Namespace):
     """A client of an engine core process, not started yet."""
-    from runtime.cli import engine_config
-    from runtime.engine.spec_check import StaleSpecError
     from runtime.planning.admission import ConfigError
     from runtime.process.core_client import CoreClient
+    from server.cli.engine_args import engine_config
+    from server.cli.spec_check import StaleSpecError
 
     try:
         client = CoreClient(engine_config(args))
@@ -156,8 +155,8 @@ def _core(args: argparse.Namespace):
 
 def _in_process(args: argparse.Namespace):
     """The engine in a thread of this process, built and warmed up."""
-    from runtime.cli import build_engine
     from runtime.engine.async_engine import AsyncEngine
+    from server.cli.engine_args import build_engine
 
     built = build_engine(args)
     log_summary(built.summary())
@@ -189,27 +188,20 @@ def warm_up(engine) -> subprocess.Popen | None:
     """Load every compiled graph there is; for the ones missing, serve eagerly while a
     background process compiles and saves them (the engine picks each up when saved).
     Returns that process, if one was started."""
-    from runtime.cli import precompile_command
-    from runtime.process.parent_watch import arm_death_signal
+    from runtime.process.precompile import compile_missing
 
     start = time.perf_counter()
     engine.warmup()
-    pending = engine.pending_graphs()
-    if pending:
-        process = subprocess.Popen(precompile_command(engine.config),
-                                   preexec_fn=arm_death_signal)
-        log.info("%d graph(s) are not compiled yet: compiling them in the background "
-                 "(pid %d); they run eagerly meanwhile", pending, process.pid)
-        return process
-    if engine.graphs is not None:
+    process = compile_missing(engine)
+    if process is None and engine.graphs is not None:
         log.info("%d compiled graph(s) loaded in %.1f s", len(engine.graphs.seconds),
                  time.perf_counter() - start)
-    return None
+    return process
 
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from runtime.cli import run_other_node
+    from server.cli.engine_args import run_other_node
 
     other = run_other_node(args)           # --node-rank > 0: this node's ranks, no API
     if other is not None:
@@ -234,5 +226,6 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m server", description=__doc__)
+    add_engine_args(parser)
     configure(parser)
     return run(parser.parse_args(argv))

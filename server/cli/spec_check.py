@@ -12,6 +12,11 @@ from contract.spec_digest import spec_digest
 REPO = Path(generated.__file__).resolve().parent.parent
 
 
+def default_model(spec: str) -> Path:
+    """models/<spec> in the repository: the checkpoint a spec serves by default."""
+    return REPO / "models" / spec.replace("_", "-")
+
+
 class StaleSpecError(ValueError):
     """The spec file and its generated package disagree; the message says the fix."""
 

@@ -23,7 +23,7 @@ FIXTURE = REPO / "tests" / "fixtures" / "v4-tiny"
 
 
 def _spec_new(config, base, out) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "server.command", "spec", "new", "--from-config",
+    return subprocess.run([sys.executable, "-m", "server.cli", "spec", "new", "--from-config",
                            str(config), "--base", str(base), "-o", str(out)],
                           cwd=REPO, capture_output=True, text=True)
 

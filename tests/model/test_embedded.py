@@ -8,7 +8,7 @@ import torch
 import generated
 from runtime.core.sampling_params import SamplingParams
 from runtime.engine.engine import Engine, EngineConfig
-from runtime.engine.tokenizer import Tokenizer
+from runtime.text.tokenizer import Tokenizer
 from runtime.weights.loader import load_params
 from tests.conftest import REPO
 from tests.model.support import Driver, load_transformers

@@ -12,8 +12,8 @@ import torch
 from runtime.core.sampling_params import SamplingParams
 from runtime.device import batch_sampler
 from runtime.device.sampling_state import row_params
-from runtime.engine.grammar import GrammarError, StructuredOutputs, TokenMasks, Vocabulary
-from runtime.engine.tokenizer import Tokenizer
+from runtime.text.grammar import GrammarError, StructuredOutputs, TokenMasks, Vocabulary
+from runtime.text.tokenizer import Tokenizer
 from tests.conftest import REPO
 
 TINY = REPO / "models" / "tiny"

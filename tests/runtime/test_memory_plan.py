@@ -39,7 +39,7 @@ def _declaring(spec, dense: str, experts: str) -> types.SimpleNamespace:
 
 def _plan(*flags: str) -> tuple[int, dict]:
     """`v4serve plan --json` as a user runs it: (exit status, figures)."""
-    done = subprocess.run([sys.executable, "-m", "server.command", "plan", "--json", *flags],
+    done = subprocess.run([sys.executable, "-m", "server.cli", "plan", "--json", *flags],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.stdout, done.stderr
     return done.returncode, json.loads(done.stdout)
@@ -93,7 +93,7 @@ def test_v4_flash_on_eight_141_gib_devices_equals_the_engines_own_plan():
     w = got["weight_bytes_per_rank"]
     assert w["dense"] + w["experts"] + got["workspace_bytes"] + got["pool_bytes_per_rank"] \
         <= got["usable_bytes"] == int(141 * GIB * 0.9)
-    text = subprocess.run([sys.executable, "-m", "server.command", "plan", "--spec",
+    text = subprocess.run([sys.executable, "-m", "server.cli", "plan", "--spec",
                            "deepseek-v4-flash", "--device-memory", "141GiB",
                            "--max-model-len", "1048576"], cwd=REPO, capture_output=True,
                           text=True, timeout=120).stdout

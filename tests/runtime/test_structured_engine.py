@@ -10,9 +10,9 @@ import pytest
 import generated
 from runtime.core.sampling_params import SamplingParams
 from runtime.engine.engine import Engine, EngineConfig
-from runtime.engine.grammar import GrammarError, StructuredOutputs, Vocabulary
-from runtime.engine.tokenizer import Tokenizer
 from runtime.planning import capacity
+from runtime.text.grammar import GrammarError, StructuredOutputs, Vocabulary
+from runtime.text.tokenizer import Tokenizer
 from runtime.weights.loader import load_params
 from tests.conftest import REPO
 from tests.model.support import FIXTURE

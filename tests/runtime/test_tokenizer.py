@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from runtime.engine.detokenizer import Detokenizer
-from runtime.engine.tokenizer import Tokenizer
+from runtime.text.detokenizer import Detokenizer
+from runtime.text.tokenizer import Tokenizer
 from tests.conftest import REPO
 from tests.model.support import FIXTURE
 

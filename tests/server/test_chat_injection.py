@@ -10,7 +10,7 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.processors import TemplateProcessing
 
-from runtime.engine.tokenizer import Tokenizer
+from runtime.text.tokenizer import Tokenizer
 from server import chat, v4_encoding
 from server.content_marks import ContentMarks
 from server.protocol import APIError

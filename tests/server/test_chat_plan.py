@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from runtime.engine.tokenizer import Tokenizer
+from runtime.text.tokenizer import Tokenizer
 from server import chat, v4_encoding
 from server.chat import ChatOptions, ChatPlan
 from server.chat_output import ChatOutput

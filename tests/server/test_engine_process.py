@@ -145,7 +145,7 @@ def test_a_core_that_fails_to_load_ends_the_server_with_its_reason(tmp_path):
 def test_a_killed_rank_worker_fails_the_server_and_leaves_no_process():
     """mp: SIGKILL one of eight rank workers mid-generation; /health is 503 within 10 s
     and the engine core and every other rank are gone."""
-    from runtime.cli import default_model
+    from server.cli.spec_check import default_model
 
     with ServerProcess("--spec", "tiny", "--model", str(default_model("tiny")),
                        "--distributed-executor-backend", "mp", "--enforce-eager") as server:

@@ -9,7 +9,7 @@ import jsonschema
 import openai
 import pytest
 
-from runtime.cli import default_model
+from server.cli.spec_check import default_model
 from tests.server.support import ServerProcess
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer as HFTokenizer
 
-from runtime.engine.tokenizer import Tokenizer
+from runtime.text.tokenizer import Tokenizer
 from server import v4_encoding
 from server.v4_encoding import encode, is_v4_vocab
 from tests.server.v4_tokenizer import build_tokenizer, write_v4_tokenizer
