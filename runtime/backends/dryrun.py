@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import torch
 
-from runtime.device.abi import ABIError, Arg, KernelABI, fits, fmt_shape
+from contract.abi import ABIError, Arg, KernelABI
+from runtime.backends import Backend
+from runtime.device.arg_checks import fits, fmt_shape, torch_dtype
 
 # Row-length arguments and the token argument whose last dimension bounds them.
 _ROW_BOUNDS = {"chunk_lens": "token_ids", "row_lens": "token_ids", "num_rows": "next_ids"}
 
 
-class DryRunBackend:
+class DryRunBackend(Backend):
+    """Eager, one process: every capability at its default."""
+
     name = "dryrun"
 
     def __init__(self) -> None:
@@ -36,7 +40,7 @@ class DryRunBackend:
 def _check_arg(kernel: str, arg: Arg, value: object) -> None:
     if arg.role in ("weight", "scalar"):
         return
-    if not isinstance(value, torch.Tensor) or value.dtype != arg.dtype \
+    if not isinstance(value, torch.Tensor) or value.dtype != torch_dtype(arg.dtype) \
             or not fits(value.shape, arg.shape):
         raise ABIError(f"{kernel}: argument {arg.name} does not match "
                        f"{arg.dtype} {fmt_shape(arg.shape)}")

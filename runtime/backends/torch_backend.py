@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import torch
 
-from runtime.device.abi import KernelABI
+from contract.abi import KernelABI
+from runtime.backends import Backend
 from runtime.device.batch_sampler import unpack_mask
 from runtime.model.forward import logits, main_model, mtp_block, mtp_write_kv
 from runtime.model.paging import PoolView, Segment
 from runtime.model.params import ModelParams
 
 
-class TorchBackend:
+class TorchBackend(Backend):
+    """Eager, one process: every capability at its default."""
+
     name = "torch"
 
     def __init__(self) -> None:

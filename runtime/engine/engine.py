@@ -9,48 +9,36 @@
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
-import os
 import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 import generated
+from runtime.backends import get_backend
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.scheduler import SchedulerOutput
-from runtime.device.model_runner import ModelRunner, StepResult, TokenLogprobs
+from runtime.device.model_runner import ModelRunner, StepResult
 from runtime.engine.config import EngineConfig  # noqa: F401  (re-exported)
-from runtime.engine.detokenizer import Detokenizer
-from runtime.engine.tokenizer import Tokenizer, eos_token_id
+from runtime.engine.output_processor import Delta, OutputProcessor, RequestOutput
+from runtime.executor.executor import Executor
 from runtime.executor.workers import Workers
 from runtime.planning import plan_report
 from runtime.planning.admission import Admission, ConfigError  # noqa: F401  (ConfigError: re-exported)
-from runtime.weights.loader import bytes_per_rank, load_params, resident_bytes
+from runtime.text.tokenizer import Tokenizer, eos_token_id
+from runtime.weights.loader import bytes_per_rank, load_params
+
+if TYPE_CHECKING:
+    from runtime.backends.compiled.graphs import Graphs
 
 log = logging.getLogger("v4serve.engine")
-
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    prompt_ids: list[int]
-    output_ids: list[int]            # every token so far
-    text: str                        # every released character so far
-    new_ids: list[int]
-    new_text: str
-    finished: bool
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    logprobs: list[TokenLogprobs] = field(default_factory=list)   # of new_ids
-    error: str | None = None         # the request failed (finish_reason "error"); why
-    num_cached_tokens: int | None = None   # prompt tokens found in the prefix cache
 
 
 @dataclass
@@ -74,32 +62,35 @@ class Engine:
         self.scheduler = self.admission.scheduler()
         device = torch.device(config.device or spec.contract.DEVICE)
         self.backend = _backend(config, spec)
-        if config.distributed_executor_backend == "mp":
-            self.runner = Workers(config, spec.contract)   # each rank checks its weights
-        else:
-            self.admission.check_weights(bytes_per_rank(params))
-            if self.admission.memory and spec.contract.RANKS > 1 and device.type != "cpu":
-                log.warning("--device-memory is one rank's; with the uni executor all %d "
-                            "ranks share %s, which needs about %d times the plan",
-                            spec.contract.RANKS, device, spec.contract.RANKS)
-            self.runner = ModelRunner(spec, params, self.capacity.blocks, self.k,
-                                      self.backend, device)
-            if config.defer_compile and hasattr(self.runner.decode.backend, "defer"):
-                self.runner.decode.backend.defer = True
-            self.runner.max_logprobs = config.max_logprobs
-            self.runner.checkpoint = Path(config.model)
+        self.runner: Executor = self._executor(device)
         self.stats = Stats()
         self.requests: dict[str, Request] = {}
         self._preparing: dict[Request, Future] = {}     # grammars compiling, not scheduled
-        self._detok: dict[str, Detokenizer] = {}
+        # text, stop strings and outputs; tracks a request exactly while it is in requests
+        self.output_processor = OutputProcessor(tokenizer if config.detokenize else None)
         self._ids = itertools.count()
         self._arrival = itertools.count()
+
+    def _executor(self, device: torch.device) -> Executor:
+        """Rank worker processes (mp: each rank checks its own weights), or every rank
+        in this process (uni)."""
+        config, spec = self.config, self.spec
+        if config.distributed_executor_backend == "mp":
+            return Workers(config, spec.contract)
+        self.admission.check_weights(bytes_per_rank(self.params))
+        if self.admission.memory and spec.contract.RANKS > 1 and device.type != "cpu":
+            log.warning("--device-memory is one rank's; with the uni executor all %d "
+                        "ranks share %s, which needs about %d times the plan",
+                        spec.contract.RANKS, device, spec.contract.RANKS)
+        return ModelRunner(spec, self.params, self.capacity.blocks, self.k, self.backend,
+                           device, max_logprobs=config.max_logprobs,
+                           checkpoint=Path(config.model), defer_compile=config.defer_compile)
 
     def warmup(self) -> dict[str, float]:
         """Compile (or load from the cache) every graph of a compiling backend before
         the first request; returns seconds per graph (empty for an eager backend). With
         defer_compile, graphs not compiled yet stay eager (see pending_graphs)."""
-        if self.multiprocess or not self.runner.compiles():
+        if not self.runner.compiles():
             return {}               # nothing to compile here: an eager backend (or
         self.runner.warmup()        # --enforce-eager), or rank workers that warm up alone
         graphs = self.graphs
@@ -107,15 +98,12 @@ class Engine:
 
     @property
     def multiprocess(self) -> bool:
-        return isinstance(self.runner, Workers)
+        return self.runner.multiprocess
 
     @property
-    def graphs(self):
+    def graphs(self) -> Graphs | None:
         """The compiled backend's graphs (None for a backend that compiles nothing here)."""
-        if self.multiprocess:
-            return None
-        graphs = getattr(self.runner.decode.backend, "graphs", None)
-        return graphs if graphs is not None and graphs.compiling else None
+        return self.runner.graphs()
 
     def pending_graphs(self) -> int:
         """Graphs that run eagerly until a compile saves them (defer_compile)."""
@@ -124,16 +112,14 @@ class Engine:
     def summary(self) -> dict:
         """What was loaded and how much fits: the startup log and /server_info show it."""
         c, cap, limits = self.spec.contract, self.capacity, self.limits
-        ranks = self.runner.ranks if self.multiprocess else None
         return {
             "spec": self.spec.SPEC_NAME, "spec_path": self.spec.SPEC_PATH,
             "checkpoint": str(self.config.model), "backend": self.backend,
             "executor": self.config.distributed_executor_backend,
             "device": str(self.runner.device), "ranks": c.RANKS,
             # per rank process: rank, pid, host, device, param_bytes, pool_bytes (mp)
-            "processes": ranks if ranks else [{"ranks": c.RANKS, "pid": os.getpid()}],
-            "param_bytes_per_rank": max(r["param_bytes"] for r in ranks) if ranks
-            else bytes_per_rank(self.params),
+            "processes": self.runner.rank_processes(),
+            "param_bytes_per_rank": self.runner.param_bytes_per_rank(),
             "pool_tokens_per_rank": cap.tokens, "pool_bytes_per_rank": cap.bytes,
             "max_model_len": limits.max_model_len,
             # requests of max_model_len tokens that run at once, over all ranks
@@ -145,12 +131,7 @@ class Engine:
     def resident(self) -> dict:
         """Device bytes this process holds: its weights and its pools (every rank with
         `uni`; the rank processes hold theirs with `mp`)."""
-        if self.multiprocess:
-            return {"resident_weight_bytes": 0, "resident_pool_bytes": 0}
-        held = [self.runner.pools] + ([self.runner.mtp] if self.runner.mtp else [])
-        pools = [getattr(h, f.name) for h in held for f in dataclasses.fields(h)]
-        return {"resident_weight_bytes": resident_bytes(self.params),
-                "resident_pool_bytes": sum(t.numel() * t.element_size() for t in pools)}
+        return self.runner.resident()
 
     def graph_info(self) -> dict:
         """The compiled backend's graphs: seconds each took to compile or load, and how
@@ -222,15 +203,12 @@ class Engine:
             raise ValueError(f"request id {request_id!r} is already in use")
         eos = eos_token_id(self.tokenizer, self.spec.architecture.CONFIG)
         request = Request(request_id, ids, params, next(self._arrival), eos)
-        detok = Detokenizer(self.tokenizer, params.stop) \
-            if self.tokenizer and self.config.detokenize else None
         if params.structured is None:
             self.scheduler.add(request)           # the last step that may refuse it
         else:
             self._prepare(request)
         self.requests[request_id] = request
-        if detok is not None:
-            self._detok[request_id] = detok
+        self.output_processor.add(request_id, ids, params.stop)
         return request
 
     def _prepare(self, request: Request) -> None:
@@ -299,60 +277,46 @@ class Engine:
         others go on."""
         self.stats.steps += 1
         self.stats.prompt_tokens += sum(ch.length for ch in out.prefill)
-        outputs = [self._fail(r, res.error) for r, res in results.items() if res.error]
+        failed = [self._fail(r, res.error) for r, res in results.items() if res.error]
         kept = self.scheduler.commit(out, {r: res.tokens for r, res in results.items()
                                            if not res.error})
         for request, tokens in kept.items():
-            self._count(results[request], tokens)
-            try:
-                outputs.append(self._output(request, tokens, results[request]))
-            except Exception as exc:  # noqa: BLE001 - isolated to this request
-                outputs.append(self._fail(request, exc))
-        return outputs
+            self._count(request, results[request], tokens)
+        outputs = self.output_processor.process(
+            _delta(request, tokens, results[request]) for request, tokens in kept.items())
+        for output in outputs:
+            if output.finished:
+                self._end(self.requests[output.request_id], output)
+        return failed + outputs
+
+    def _end(self, request: Request, output: RequestOutput) -> None:
+        """A finished output's request leaves the engine. One the processor ended (a stop
+        string; its text failed) ends in the scheduler here, with the output's reason."""
+        self.scheduler.finish(request, output.finish_reason, output.stop_reason)
+        self._forget(request)
 
     def _fail(self, request: Request, error: Exception) -> RequestOutput:
         """End a request whose own processing raised; free what it holds."""
-        log.error("request %s failed: %s: %s", request.request_id, type(error).__name__,
-                  error, exc_info=error)
         self.scheduler.finish(request, "error")
-        if request.request_id in self.requests:
-            self._forget(request)
-        return RequestOutput(request.request_id, request.prompt_ids, list(request.output_ids),
-                             "", [], "", True, "error", error=f"{type(error).__name__}: {error}",
-                             num_cached_tokens=request.num_cached_tokens)
+        output = self.output_processor.fail(request.request_id, error,
+                                            request.num_cached_tokens)
+        self._forget(request)
+        return output
 
-    def _count(self, result: StepResult, tokens: list[int]) -> None:
+    def _count(self, request: Request, result: StepResult, tokens: list[int]) -> None:
+        request.draft_tokens += result.drafted
+        request.accepted_tokens += result.accepted
         self.stats.generation_tokens += len(tokens)
         if result.drafted:
             self.stats.drafts += 1
             self.stats.draft_tokens += result.drafted
             self.stats.accepted_tokens += result.accepted
 
-    def _output(self, request: Request, tokens: list[int], result: StepResult) -> RequestOutput:
-        request.draft_tokens += result.drafted
-        request.accepted_tokens += result.accepted
-        text, delta = "", ""
-        detok = self._detok.get(request.request_id)
-        if detok is not None:
-            delta, stop = detok.add(tokens)
-            if stop is not None and not request.finished:
-                self.scheduler.finish(request, "stop", stop)
-            elif request.finished:
-                delta += detok.flush()
-            text = detok.text
-        if request.finished:
-            self._forget(request)
-        logprobs = (result.logprobs or [])[: len(tokens)]
-        return RequestOutput(request.request_id, request.prompt_ids, list(request.output_ids),
-                             text, tokens, delta, request.finished, request.finish_reason,
-                             request.stop_reason, logprobs,
-                             num_cached_tokens=request.num_cached_tokens)
-
     def _forget(self, request: Request) -> None:
         self.stats.requests_finished += 1
         self.runner.forget(request.request_id)
         self.requests.pop(request.request_id, None)
-        self._detok.pop(request.request_id, None)
+        self.output_processor.forget(request.request_id)
 
     # -- offline use -----------------------------------------------------------------
 
@@ -372,20 +336,30 @@ class Engine:
         return self.runner.dispatches
 
 
+def _delta(request: Request, tokens: list[int], result: StepResult) -> Delta:
+    """What the step kept of a request's tokens, and the scheduler's finish, as ids."""
+    return Delta(request.request_id, tokens, request.finished, request.finish_reason,
+                 request.stop_reason, (result.logprobs or [])[: len(tokens)],
+                 num_cached_tokens=request.num_cached_tokens)
+
+
 def _backend(config: EngineConfig, spec) -> str:
-    """The kernel backend: the flag's, else the spec's; --enforce-eager runs the compiled
-    backend's graphs as they are."""
-    backend = config.backend or spec.contract.BACKEND
-    return "compiled-eager" if config.enforce_eager and backend == "compiled" else backend
+    """The kernel backend's registered name: the flag's, else the spec's; under
+    --enforce-eager its eager variant (the compiled backend's graphs run as they are)."""
+    name = config.backend or spec.contract.BACKEND
+    eager = get_backend(name).eager_variant if config.enforce_eager else None
+    return eager or name
 
 
 def _check_executor(config: EngineConfig, spec) -> None:
     executor = config.distributed_executor_backend
     if executor not in ("uni", "mp"):
         raise ConfigError(f"--distributed-executor-backend {executor!r}: one of uni, mp")
-    if executor == "mp" and _backend(config, spec) not in ("compiled", "compiled-eager"):
-        raise ConfigError("--distributed-executor-backend mp runs the compiled backend "
-                          "(compiled, or eagerly with --enforce-eager); the "
-                          f"{_backend(config, spec)!r} backend runs in one process only")
+    backend = _backend(config, spec)
+    if executor == "mp" and not get_backend(backend).distributed:
+        raise ConfigError("--distributed-executor-backend mp needs a backend whose MoE "
+                          "spans rank processes (the compiled one, or eagerly with "
+                          f"--enforce-eager); the {backend!r} backend runs in one process "
+                          "only")
     if executor == "uni" and config.nnodes > 1:
         raise ConfigError("--nnodes > 1 needs --distributed-executor-backend mp")

@@ -33,7 +33,8 @@ import zmq
 
 import generated
 from runtime.backends.compiled import expert_parallel
-from runtime.device.model_runner import ModelRunner, StepResult
+from runtime.device.model_runner import ModelRunner
+from runtime.device.step_result import StepResult
 from runtime.engine.engine import EngineConfig, _backend
 from runtime.executor.step_plan import Plan, Reply, localize
 from runtime.planning.admission import Admission
@@ -72,9 +73,9 @@ class RankWorker:
                                   held=range(rank, rank + 1))
         admission.check_weights(bytes_per_rank(self.params))     # before the pools
         self.runner = ModelRunner(spec, self.params, admission.capacity.blocks, admission.k,
-                                  _backend(config, spec), self.device, ranks=1)
-        self.runner.max_logprobs = config.max_logprobs
-        self.runner.checkpoint = Path(config.model)
+                                  _backend(config, spec), self.device, ranks=1,
+                                  max_logprobs=config.max_logprobs,
+                                  checkpoint=Path(config.model))
         self.pool_bytes = admission.capacity.bytes
 
     def info(self) -> dict:

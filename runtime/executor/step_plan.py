@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from runtime.core.scheduler import PageCopy, PrefillChunk, Save, SchedulerOutput
-from runtime.device.model_runner import StepResult
+from runtime.device.step_result import StepResult
 
 
 @dataclass

@@ -30,10 +30,11 @@ import zmq
 
 from runtime.core.request import Request
 from runtime.core.scheduler import SchedulerOutput
-from runtime.device.model_runner import StepResult, Timing, prefill_extents
-from runtime.engine.grammar import StructuredOutputs
+from runtime.device.launch_inputs import prefill_extents
+from runtime.device.step_result import StepResult, Timing
 from runtime.executor.step_plan import Plan, Reply
 from runtime.process.parent_watch import arm_death_signal
+from runtime.text.grammar import StructuredOutputs
 
 POLL_MS = 100
 
@@ -122,7 +123,11 @@ def _spec_ranks(config) -> int:
 
 
 class Workers:
-    """This node's rank processes and the link to rank 0."""
+    """This node's rank processes and the link to rank 0: an Executor
+    (runtime/executor/executor.py) whose ranks warm up, compile and hold their weights
+    and pools in their own processes."""
+
+    multiprocess = True
 
     def __init__(self, config, contract):
         self.config, self.contract = resolve(config), contract
@@ -167,6 +172,26 @@ class Workers:
 
     def adopt(self, request: Request, prepared) -> None:
         """Nothing to hand over: the rank compiles for itself."""
+
+    def compiles(self) -> bool:
+        """Nothing compiles here: each rank warmed up before it reported ready."""
+        return False
+
+    def warmup(self) -> None:
+        """Done: the ranks warm up before they report ready."""
+
+    def graphs(self) -> None:
+        return None
+
+    def rank_processes(self) -> list[dict]:
+        return self.ranks
+
+    def param_bytes_per_rank(self) -> int:
+        return max(r["param_bytes"] for r in self.ranks)
+
+    def resident(self) -> dict[str, int]:
+        """Nothing here: the rank processes hold the weights and pools."""
+        return {"resident_weight_bytes": 0, "resident_pool_bytes": 0}
 
     def _receive(self, kind: str):
         """The next message from rank 0, of `kind`; WorkerDied if a rank of this node

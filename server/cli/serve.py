@@ -146,7 +146,7 @@ def _core(args: argparse.Namespace):
 
     def ready(summary: dict) -> None:
         log_summary(summary)
-        log.info("ready: the engine core (pid %d) loaded in %.1f s", client.process.pid,
+        log.info("ready: the engine core (pid %d) loaded in %.1f s", client.pid,
                  time.perf_counter() - started)
 
     client.on_ready = ready

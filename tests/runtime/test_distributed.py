@@ -11,17 +11,17 @@ import pytest
 import torch
 
 import generated
-from runtime.cli import default_model
 from runtime.core.prefix_cache import Layout
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.scheduler import PrefillChunk, SchedulerOutput
 from runtime.engine.engine import ConfigError, Engine, EngineConfig
-from runtime.engine.grammar import StructuredOutputs
 from runtime.executor.step_plan import localize
 from runtime.executor.workers import free_port, node_ranks, resolve
 from runtime.planning import capacity
+from runtime.text.grammar import StructuredOutputs
 from runtime.weights.loader import bytes_per_rank, load_params
+from server.cli.spec_check import default_model
 from tests.conftest import REPO
 from tests.runtime.engine_support import assert_all_free, random_prompt
 
@@ -158,7 +158,7 @@ def test_two_nodes_on_one_machine_give_the_same_outputs():
     port = free_port()
     flags = ["--spec", "tiny", "--enforce-eager", "--distributed-executor-backend", "mp",
              "--nnodes", "2", "--master-port", str(port), "--num-speculative-tokens", "0"]
-    other = subprocess.Popen([sys.executable, "-m", "server.command", "generate",
+    other = subprocess.Popen([sys.executable, "-m", "server.cli", "generate",
                               "--node-rank", "1", *flags], cwd=REPO)
     try:
         engine = Engine.build(EngineConfig(model=MODEL, num_speculative_tokens=0,

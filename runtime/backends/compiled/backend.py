@@ -12,17 +12,21 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from contract.abi import KernelABI
+from runtime.backends import Backend
 from runtime.backends.compiled import expert_parallel, kernels
 from runtime.backends.compiled.graphs import Graphs, default_mode
 from runtime.backends.compiled.model import CompiledModel
-from runtime.device.abi import KernelABI
 
 
-class CompiledBackend:
+class CompiledBackend(Backend):
     name = "compiled"
+    distributed = True                   # its MoE runs over expert_parallel's group
 
     def __init__(self, mode: str | None = None):
         self.mode = mode                 # None: by device (compile on cpu, cudagraph on cuda)
+        # --enforce-eager runs "compiled-eager" instead (trace mode stays: a check)
+        self.eager_variant = None if mode in ("eager", "trace") else "compiled-eager"
         self.defer = False               # graphs not compiled yet run eagerly (see graphs.py)
         self.graphs: Graphs | None = None
         self._models: dict[int, CompiledModel] = {}

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from contract.abi import PoolGroup
 from contract.model_args import ModelArgs
 from runtime.backends.compiled.attention import Weights, attention
 from runtime.backends.compiled.expert_parallel import ep_moe
 from runtime.backends.compiled.moe import routed
 from runtime.backends.compiled.paged import Paged
 from runtime.backends.compiled.rows import Rows
-from runtime.device.abi import PoolGroup
 from runtime.model import quant
 from runtime.model.attention import project_kv
 from runtime.model.hyper import hc_head, hc_post, hc_pre

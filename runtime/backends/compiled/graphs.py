@@ -14,7 +14,7 @@ runs without dynamo's guards.
 "eager" runs every graph as it is (npu, `--enforce-eager`); "trace" only traces each
 one (dynamo, fullgraph, no code generation): the check that no launch breaks a graph.
 With `defer`, a graph whose artifact is not there yet runs eagerly, and is picked up
-as soon as another process (runtime/backends/compiled/precompile.py) has saved it.
+as soon as another process (runtime/process/precompile.py) has saved it.
 """
 from __future__ import annotations
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from contract.abi import KernelABI
 from runtime.backends.compiled import expert_parallel
 from runtime.backends.compiled.model import Call, CompiledModel
-from runtime.device.abi import KernelABI
 from runtime.device.batch_sampler import unpack_mask
 
 

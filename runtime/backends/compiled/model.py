@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
+from contract.abi import PoolGroup
 from runtime.backends.compiled import forward
 from runtime.backends.compiled.graphs import Graphs
-from runtime.device.abi import PoolGroup
 from runtime.model.params import ModelParams
 
 RATIO = {"csa": 4, "hca": 128}

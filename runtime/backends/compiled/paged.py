@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from contract.abi import PoolGroup
 from runtime.backends.compiled.rows import Rows
-from runtime.device.abi import PoolGroup
 
 
 class Paged:

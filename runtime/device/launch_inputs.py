@@ -1,0 +1,173 @@
+"""A step's launch inputs, built on the host as numpy arrays for the launch wrappers to
+stage: block tables, token ids, positions and row lengths, MTP slot ids, and which
+flat rows of a launch's outputs belong to which request.
+
+A launch's rows are (rank, row, request): a decode request's row is its index among
+its rank's requests in the launch, a prefill chunk's is its slot. Rows without a
+request have length 0 and block tables of -1 (the scratch page): they read zeros and
+write only scratch pages.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from types import ModuleType
+
+import numpy as np
+import torch
+
+from runtime.core.request import Request
+from runtime.core.scheduler import PrefillChunk
+
+Rows = list[tuple[int, int, Request]]          # (rank, row in the launch, request)
+
+
+def prefill_extents(contract: ModuleType, launches: list[list[PrefillChunk]]) -> list[int]:
+    """The extent of each main prefill launch: its longest piece padded to the tile."""
+    return [max(contract.dispatch_extent(p.length) for p in launch) for launch in launches]
+
+
+def decode_rows(launch: list[Request]) -> Rows:
+    """Each request's row: its index among its rank's requests in the launch."""
+    rows, per_rank = [], Counter()
+    for request in launch:
+        rows.append((request.rank, per_rank[request.rank], request))
+        per_rank[request.rank] += 1
+    return rows
+
+
+def chunk_rows(chunks: list[PrefillChunk]) -> Rows:
+    return [(ch.request.rank, ch.slot, ch.request) for ch in chunks]
+
+
+class LaunchInputs:
+    """The inputs of `ranks` ranks' launches under spec `spec`, K = `k` drafts."""
+
+    def __init__(self, spec: ModuleType, k: int, ranks: int, device: torch.device):
+        self.spec, self.k, self.ranks, self.device = spec, k, ranks, device
+        self.contract = spec.contract
+        self.batch = self.contract.DECODE_LAYOUTS[k].batch     # decode rows per rank
+        self.prefill_shape = (ranks, self.contract.SLOTS_PER_RANK)
+        self.decode_shape = (ranks, self.batch)
+
+    def tables(self, rows: Rows, width: int) -> dict[str, np.ndarray]:
+        """Block tables [ranks, width, table_width] per group; -1 past each request's blocks."""
+        tables = {}
+        for group, info in self.spec.pools.GROUPS.items():
+            table = np.full((self.ranks, width, info.table_width), -1, np.int32)
+            for rank, row, request in rows:
+                ids = request.blocks[group]
+                table[rank, row, : len(ids)] = ids
+            tables[f"block_table_{group}"] = table
+        return tables
+
+    def flat_rows(self, rows: Rows, width: int) -> torch.Tensor:
+        """[n] the rows' indices into a launch output viewed as [ranks * width, ...]."""
+        return torch.tensor([rank * width + row for rank, row, _ in rows], device=self.device)
+
+    # -- decode ----------------------------------------------------------------------
+
+    def decode(self, rows: Rows) -> dict:
+        """What every decode launch takes: the context reached and the block tables."""
+        # the last position a row reaches is its tail's + k (the drafts)
+        context = max((request.num_tokens + self.k for _, _, request in rows),
+                      default=self.contract.TILE)
+        return dict(context=context, **self.tables(rows, self.batch))
+
+    def decode_tokens(self, rows: Rows) -> dict:
+        """A plain decode's rows: each request's last token at its position."""
+        tokens = np.zeros(self.decode_shape + (1,), np.int64)
+        positions = np.zeros(self.decode_shape, np.int32)
+        lens = np.zeros(self.decode_shape, np.int32)
+        for rank, row, request in rows:
+            tokens[rank, row, 0] = request.token_ids[-1]
+            positions[rank, row], lens[rank, row] = request.num_tokens - 1, 1
+        return dict(token_ids=tokens, positions=positions, row_lens=lens)
+
+    def decode_slots(self, rows: Rows) -> dict:
+        """A fused MTP decode's rows: each request's slot and its generation (-1: no
+        row; a row whose slot moved on to another generation is skipped)."""
+        slot_ids = np.full(self.decode_shape, -1, np.int32)
+        gens = np.zeros(self.decode_shape, np.int64)
+        for rank, row, request in rows:
+            slot_ids[rank, row], gens[rank, row] = request.slot, request.slot_generation
+        return dict(slot_ids=slot_ids, slot_gens=gens)
+
+    # -- prefill ---------------------------------------------------------------------
+
+    def prefill(self, chunks: list[PrefillChunk], extent: int) -> dict:
+        """The main prefill: each chunk's tokens in its slot, padded to `extent`."""
+        tokens = np.zeros(self.prefill_shape + (extent,), np.int64)
+        starts = np.zeros(self.prefill_shape, np.int32)
+        lens = np.zeros(self.prefill_shape, np.int32)
+        for ch in chunks:
+            r = ch.request
+            tokens[r.rank, ch.slot, : ch.length] = r.token_ids[ch.start:ch.end]
+            starts[r.rank, ch.slot], lens[r.rank, ch.slot] = ch.start, ch.length
+        return dict(token_ids=tokens, start_pos=starts, chunk_lens=lens, extent=extent,
+                    **self.tables(chunk_rows(chunks), self.contract.SLOTS_PER_RANK))
+
+    def prefill_mtp(self, chunks: list[PrefillChunk]) -> dict:
+        """The MTP layer's window over each chunk's last min(window, length) rows: the
+        next token of each row (the last may be unknown yet: 0, patched on the device)."""
+        window = self.contract.MTP_WINDOW
+        next_ids = np.zeros(self.prefill_shape + (window,), np.int64)
+        starts = np.zeros(self.prefill_shape, np.int32)
+        nrows = np.zeros(self.prefill_shape, np.int32)
+        for ch in chunks:
+            r, width = ch.request, min(window, ch.length)
+            known = r.token_ids[ch.end - width + 1: ch.end + 1]
+            next_ids[r.rank, ch.slot, : len(known)] = known
+            starts[r.rank, ch.slot], nrows[r.rank, ch.slot] = ch.end - width, width
+        tables = self.tables(chunk_rows(chunks), self.contract.SLOTS_PER_RANK)
+        return dict(next_ids=next_ids, start_pos=starts, num_rows=nrows,
+                    block_table_ori=tables["block_table_ori"])
+
+    def first_tokens_patch(self, fill: list[PrefillChunk], first: dict[Request, int],
+                           first_tokens: torch.Tensor | None):
+        """A patch of the MTP prefill's staged arguments: each fresh prompt's last next
+        token is its first sampled token (first_tokens [n, 1], row first[request]),
+        written on the device."""
+        window = self.contract.MTP_WINDOW
+
+        def patch(args) -> None:
+            if fill:
+                at = torch.tensor([(ch.request.rank, ch.slot, min(window, ch.length) - 1)
+                                   for ch in fill], device=self.device)
+                pick = torch.tensor([first[ch.request] for ch in fill], device=self.device)
+                args.next_ids[at[:, 0], at[:, 1], at[:, 2]] = first_tokens[pick, 0]
+        return patch
+
+    # -- warmup ----------------------------------------------------------------------
+
+    def warm_prefill(self, live: int) -> dict:
+        """A main prefill of `live` empty-table rows of one tile each."""
+        return dict(token_ids=np.zeros(self.prefill_shape + (self.contract.TILE,), np.int64),
+                    start_pos=np.zeros(self.prefill_shape, np.int32),
+                    chunk_lens=self._warm_lens(live), extent=self.contract.TILE,
+                    **self.tables([], self.contract.SLOTS_PER_RANK))
+
+    def warm_prefill_mtp(self, live: int) -> dict:
+        tables = self.tables([], self.contract.SLOTS_PER_RANK)
+        return dict(next_ids=np.zeros(self.prefill_shape + (self.contract.MTP_WINDOW,),
+                                      np.int64),
+                    start_pos=np.zeros(self.prefill_shape, np.int32),
+                    num_rows=self._warm_lens(live), block_table_ori=tables["block_table_ori"])
+
+    def _warm_lens(self, live: int) -> np.ndarray:
+        lens = np.zeros(self.prefill_shape, np.int32)
+        lens[0, :live] = self.contract.TILE
+        return lens
+
+    def warm_decode(self, live: int) -> dict:
+        """A decode of `live` rows on empty tables; with MTP, on the scratch slot
+        (generation 0, on scratch pages)."""
+        common = dict(context=self.contract.TILE, **self.tables([], self.batch))
+        if self.k:
+            slots = np.full(self.decode_shape, -1, np.int32)
+            slots[0, :live] = self.spec.pools.REQUEST_SLOTS_PER_RANK
+            return dict(slot_ids=slots, slot_gens=np.zeros(self.decode_shape, np.int64),
+                        **common)
+        lens = np.zeros(self.decode_shape, np.int32)
+        lens[0, :live] = 1
+        return dict(token_ids=np.zeros(self.decode_shape + (1,), np.int64),
+                    positions=np.zeros(self.decode_shape, np.int32), row_lens=lens, **common)

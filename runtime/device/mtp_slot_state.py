@@ -1,0 +1,74 @@
+"""The MTP slots' state on the device; the scheduler's slot table
+(runtime/core/mtp_slots.py) hands the slots out, this writes what each one holds:
+
+    slots   [ranks, slots + 1, fields] int64   per slot (MtpField): the tail token, its
+                                               position, the tokens committed, the slot's
+                                               generation; the last slot is scratch
+    hidden  [ranks, slots + 1, hc, d]          the streams of the row before the tail
+
+A slot is zeroed when it changes hands, filled when its request's prefill ends, and
+advanced by every fused decode step that verifies its draft.
+"""
+from __future__ import annotations
+
+from enum import IntEnum
+
+import torch
+
+from runtime.core.request import Request
+from runtime.core.scheduler import PrefillChunk
+
+
+class MtpSlotState:
+    def __init__(self, state, field: type[IntEnum], window: int, device: torch.device):
+        self.state, self.field, self.window, self.device = state, field, window, device
+
+    def clear(self, request: Request) -> None:
+        """The request's new slot starts zeroed."""
+        self.state.slots[request.rank, request.slot] = 0
+        self.state.hidden[request.rank, request.slot] = 0
+
+    def fill(self, chunks: list[PrefillChunk], hidden: torch.Tensor,
+             first_tokens: torch.Tensor | None, first: dict[Request, int]) -> None:
+        """Slots of finished prefills: tail = the first sampled token (a fresh prompt)
+        or the known tail (a resumed request), at position end, and the streams of the
+        row before it. hidden: the main prefill's mtp_hidden [ranks, slots, window, ...];
+        first_tokens [n, 1]: the fresh prompts' first tokens, row first[request]."""
+        requests = [ch.request for ch in chunks]
+        rank, slot = self._rank_slot(requests)
+        tail = torch.tensor([r.token_ids[-1] for r in requests], device=self.device)
+        if first:
+            fresh = torch.tensor([r in first for r in requests], device=self.device)
+            pick = torch.tensor([first.get(r, 0) for r in requests], device=self.device)
+            tail = torch.where(fresh, first_tokens[pick, 0], tail)
+        end = torch.tensor([ch.end for ch in chunks], device=self.device)
+        state = torch.stack((tail, end, end + 1,
+                             torch.tensor([r.slot_generation for r in requests],
+                                          device=self.device)), dim=1)
+        f = self.field
+        columns = [f.TAIL_TOKEN, f.TAIL_POS, f.COMMITTED, f.GENERATION]
+        self.state.slots[rank[:, None], slot[:, None],
+                         torch.tensor(columns, device=self.device)] = state
+        width = torch.tensor([min(self.window, ch.length) - 1 for ch in chunks],
+                             device=self.device)
+        home = torch.tensor([ch.slot for ch in chunks], device=self.device)
+        self.state.hidden[rank, slot] = hidden[rank, home, width]
+
+    def advance(self, requests: list[Request], tokens: torch.Tensor, kept: torch.Tensor,
+                hidden: torch.Tensor) -> None:
+        """The slots' state after verification: the new tail (the bonus token if the
+        draft was kept, else the target), its position, and the streams before it.
+        tokens [n, 2], kept [n] bool, hidden [n, 2, hc, d]: the launch's rows."""
+        f = self.field
+        rank, slot = self._rank_slot(requests)
+        state = self.state.slots[rank, slot]
+        step = 1 + kept.long()
+        tail_pos = state[:, f.TAIL_POS] + step
+        state[:, f.TAIL_TOKEN] = tokens.gather(1, kept.long()[:, None])[:, 0]
+        state[:, f.TAIL_POS], state[:, f.COMMITTED] = tail_pos, tail_pos + 1
+        self.state.slots[rank, slot] = state
+        self.state.hidden[rank, slot] = hidden[torch.arange(len(requests)), kept.long()]
+
+    def _rank_slot(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
+        pairs = torch.tensor([(r.rank, r.slot) for r in requests], device=self.device)
+        return pairs[:, 0], pairs[:, 1]

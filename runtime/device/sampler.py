@@ -1,0 +1,112 @@
+"""A launch's rows sampled on the device: each request's sampling row (its parameters,
+stream, output index and state slot) over the SamplingState, and the batch sampler's
+call, plain (one token per row) or verifying an MTP draft (one or two per row).
+
+Per request, only the host's share of the work can fail alone: a request whose row
+cannot be built gets a StepResult carrying the error and leaves the launch."""
+from __future__ import annotations
+
+import random
+import time
+
+import torch
+
+from runtime.core.request import Request
+from runtime.device import batch_sampler
+from runtime.device.grammar_masks import GrammarMasks
+from runtime.device.sampling_state import RowParams, SamplingState
+from runtime.device.step_result import Sampled, StepResult, Timing
+
+Rows = list[tuple[int, int, Request]]          # (rank, row in the launch, request)
+
+
+class Sampler:
+    """Owns the sampling state of `ranks` ranks, `states` request state slots each
+    (the last one per rank is scratch), and every request's stream."""
+
+    def __init__(self, ranks: int, states: int, vocab_size: int, device: torch.device,
+                 masks: GrammarMasks, timing: Timing):
+        self.states, self.device, self.masks, self.timing = states, device, masks, timing
+        self.sampling = SamplingState(ranks * states, vocab_size, device)
+        self._seeds: dict[str, int] = {}
+        self._rng = random.Random()
+
+    def state(self, request: Request) -> int:
+        return request.rank * self.states + request.slot
+
+    def admit(self, request: Request) -> None:
+        """A request that got its slot: its penalties and bias written to its state."""
+        self.sampling.admit(self.state(request), request.prompt_ids, request.output_ids,
+                            request.params)
+
+    def forget(self, request_id: str) -> None:
+        self._seeds.pop(request_id, None)
+
+    def params(self, rows: Rows, results) -> tuple[list[tuple[Request, int]], RowParams | None]:
+        """The rows' sampling parameters; a request whose own row cannot be built fails
+        alone (its StepResult carries the error) and leaves the launch."""
+        ok, values = [], []
+        for _, row, request in rows:
+            try:
+                values.append(self.row(request))
+            except Exception as exc:  # noqa: BLE001 - isolated to this request
+                results[request] = StepResult([], error=exc)
+                continue
+            ok.append((request, row))
+        if not ok:
+            return [], None
+        return ok, self.sampling.row_params(*(list(column) for column in zip(*values)))
+
+    def row(self, request: Request) -> tuple:
+        """(params, seed, output index, state slot) of a request's sampling row."""
+        self.masks.check(request)
+        return (request.params, self._seed(request), len(request.output_ids),
+                self.state(request))
+
+    def _seed(self, request: Request) -> int:
+        """The request's stream (a signed 64-bit integer): its seed, or one drawn once
+        for it."""
+        if request.request_id not in self._seeds:
+            seed = request.params.seed
+            self._seeds[request.request_id] = seed if seed is not None \
+                else self._rng.getrandbits(63)
+        return self._seeds[request.request_id]
+
+    def sample(self, requests: list[Request], logits: torch.Tensor, results) -> list[Sampled]:
+        """One token per row of logits [n, V] (the rows of `requests`)."""
+        t0 = time.perf_counter()
+        ok, rows_params = self.params([(r.rank, i, r) for i, r in enumerate(requests)],
+                                      results)
+        if not ok:
+            return []
+        kept = [r for r, _ in ok]
+        logits = logits[torch.tensor([i for _, i in ok], device=self.device)]
+        counts, seen = self.sampling.penalties(rows_params)
+        token, sound = batch_sampler.sample(logits, rows_params, counts, seen,
+                                            self.masks.allowed(kept))
+        tokens = token[:, None]
+        count = torch.ones_like(token)
+        self.sampling.count(rows_params, tokens, count)
+        self.timing.sample += time.perf_counter() - t0
+        return [Sampled(kept, tokens, count, sound, 0,
+                        logits[:, None] if _logprobs_wanted(kept) else None)]
+
+    def verify(self, requests: list[Request], rows_params: RowParams, logits: torch.Tensor,
+               draft: torch.Tensor, tail_masks, drafted: int) -> tuple[Sampled, torch.Tensor]:
+        """Fused MTP rows: logits [n, 2, V] at the tail and after the draft [n]; the
+        target, and the bonus token where the draft is kept. Returns the sampled rows
+        and `kept` [n] bool."""
+        t0 = time.perf_counter()
+        counts, seen = self.sampling.penalties(rows_params)
+        allowed = self.masks.allowed_after_draft(requests, tail_masks, draft)
+        tokens, kept, sound = batch_sampler.verify(logits, draft, rows_params, counts, seen,
+                                                   allowed)
+        count = 1 + kept.long()
+        self.sampling.count(rows_params, tokens, count)
+        self.timing.sample += time.perf_counter() - t0
+        return Sampled(requests, tokens, count, sound, drafted,
+                       logits if _logprobs_wanted(requests) else None), kept
+
+
+def _logprobs_wanted(requests: list[Request]) -> bool:
+    return any(r.params.logprobs is not None for r in requests)

@@ -1,0 +1,106 @@
+"""What a step hands back: each request's StepResult, built from every launch's sampled
+rows in one copy to the host (`to_host`), and the step's time by phase."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from runtime.core.request import Request
+from runtime.device import batch_sampler
+
+
+class SamplingFailure(RuntimeError):
+    """A request's sampling distribution had no finite, positive mass."""
+
+
+@dataclass
+class TokenLogprobs:
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
+class StepResult:
+    """What one step produced for one request."""
+
+    tokens: list[int]
+    logprobs: list[TokenLogprobs] | None = None
+    drafted: int = 0          # MTP draft tokens verified this step
+    accepted: int = 0
+    error: Exception | None = None    # this request's share of the step failed (no tokens)
+
+
+@dataclass
+class Timing:
+    marshal: float = 0.0
+    kernel: float = 0.0
+    sample: float = 0.0
+
+
+@dataclass
+class Sampled:
+    """One launch's sampled rows, still on the device until the step's copy."""
+
+    requests: list[Request]
+    tokens: torch.Tensor          # [n, T] int64
+    count: torch.Tensor           # [n] tokens each row commits
+    sound: torch.Tensor           # [n] bool
+    drafted: int = 0
+    logits: torch.Tensor | None = None    # [n, T, V], kept only when log-probs are asked
+
+
+def to_host(sampled: list[Sampled], max_logprobs: int) -> dict[Request, StepResult]:
+    """Every launch's tokens, counts, soundness (and log-probs) in one transfer."""
+    if not sampled:
+        return {}
+    parts = []
+    for s in sampled:
+        parts += [s.tokens.reshape(-1).double(), s.count.double(), s.sound.double()]
+        if s.logits is not None:
+            lp, ids, vals = batch_sampler.logprobs(s.logits, s.tokens, max_logprobs)
+            parts += [lp.reshape(-1).double(), ids.reshape(-1).double(),
+                      vals.reshape(-1).double()]
+    host = torch.cat(parts).cpu().numpy()
+    results, at = {}, 0
+    for s in sampled:
+        n, width = s.tokens.shape
+        tokens = host[at: at + n * width].reshape(n, width).astype(np.int64)
+        count = host[at + n * width: at + n * width + n].astype(np.int64)
+        sound = host[at + n * width + n: at + n * width + 2 * n].astype(bool)
+        at += n * width + 2 * n
+        logprobs = None
+        if s.logits is not None:
+            top = batch_sampler.top_width(max_logprobs, s.logits.shape[-1])
+            logprobs, at = _unpack_logprobs(host, at, n, width, top)
+        for i, request in enumerate(s.requests):
+            results[request] = _result(request, tokens[i, : count[i]], sound[i], s.drafted,
+                                       logprobs, i)
+    return results
+
+
+def _result(request: Request, tokens: np.ndarray, sound: bool, drafted: int,
+            logprobs, i: int) -> StepResult:
+    if not sound:
+        return StepResult([], error=SamplingFailure(
+            "no token has a finite, positive probability under this request's "
+            "sampling parameters"))
+    tokens = tokens.tolist()
+    lps = None
+    if request.params.logprobs is not None:
+        chosen, ids, vals = logprobs
+        top = request.params.logprobs
+        lps = [TokenLogprobs(t, float(chosen[i, j]),
+                             list(zip(ids[i, j, :top].tolist(), vals[i, j, :top].tolist())))
+               for j, t in enumerate(tokens)]
+    return StepResult(tokens, lps, drafted=drafted, accepted=len(tokens) - 1 if drafted else 0)
+
+
+def _unpack_logprobs(host: np.ndarray, at: int, n: int, width: int, top: int):
+    size = n * width
+    chosen = host[at: at + size].reshape(n, width)
+    ids = host[at + size: at + size + size * top].reshape(n, width, top).astype(np.int64)
+    vals = host[at + size + size * top: at + size + 2 * size * top].reshape(n, width, top)
+    return (chosen, ids, vals), at + size + 2 * size * top
