@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from runtime import batch_sampler  # noqa: E402
 from runtime.core.sampling_params import SamplingParams  # noqa: E402
-from runtime.device.sampling_state import SamplingState  # noqa: E402
+from runtime.sampling.sampling_state import SamplingState  # noqa: E402
 
 
 def timed(fn, reps: int, device: torch.device) -> float:

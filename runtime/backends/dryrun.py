@@ -11,7 +11,7 @@ import torch
 
 from contract.abi import ABIError, Arg, KernelABI
 from runtime.backends import Backend
-from runtime.device.arg_checks import fits, fmt_shape, torch_dtype
+from runtime.backends.arg_checks import fits, fmt_shape, torch_dtype
 
 # Row-length arguments and the token argument whose last dimension bounds them.
 _ROW_BOUNDS = {"chunk_lens": "token_ids", "row_lens": "token_ids", "num_rows": "next_ids"}

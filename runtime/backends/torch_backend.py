@@ -9,10 +9,10 @@ import torch
 
 from contract.abi import KernelABI
 from runtime.backends import Backend
-from runtime.device.batch_sampler import unpack_mask
 from runtime.model.forward import logits, main_model, mtp_block, mtp_write_kv
 from runtime.model.paging import PoolView, Segment
 from runtime.model.params import ModelParams
+from runtime.sampling.batch_sampler import unpack_mask
 
 
 class TorchBackend(Backend):

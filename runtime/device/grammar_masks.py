@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from runtime.core.request import Request
-from runtime.device import batch_sampler
+from runtime.sampling import batch_sampler
 from runtime.text.grammar import GrammarError, StructuredOutputs, TokenMasks, Vocabulary
 from runtime.text.tokenizer import Tokenizer
 

@@ -17,7 +17,7 @@ import torch
 
 from contract.abi import BLOCKS, EXTENT, RANKS, Arg, KernelABI
 from runtime.backends import Backend, get_backend
-from runtime.device.arg_checks import (
+from runtime.backends.arg_checks import (
     check_extent,
     check_tensor,
     check_weights,

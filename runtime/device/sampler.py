@@ -12,10 +12,10 @@ import time
 import torch
 
 from runtime.core.request import Request
-from runtime.device import batch_sampler
 from runtime.device.grammar_masks import GrammarMasks
-from runtime.device.sampling_state import RowParams, SamplingState
 from runtime.device.step_result import Sampled, StepResult, Timing
+from runtime.sampling import batch_sampler
+from runtime.sampling.sampling_state import RowParams, SamplingState
 
 Rows = list[tuple[int, int, Request]]          # (rank, row in the launch, request)
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from runtime.core.request import Request
-from runtime.device import batch_sampler
+from runtime.sampling import batch_sampler
 
 
 class SamplingFailure(RuntimeError):

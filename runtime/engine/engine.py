@@ -22,13 +22,13 @@ import torch
 
 import generated
 from runtime.backends import get_backend
+from runtime.core.config import EngineConfig  # noqa: F401  (re-exported)
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.scheduler import SchedulerOutput
 from runtime.device.model_runner import ModelRunner, StepResult
-from runtime.engine.config import EngineConfig  # noqa: F401  (re-exported)
 from runtime.engine.output_processor import Delta, OutputProcessor, RequestOutput
-from runtime.executor.executor import Executor
+from runtime.executor.executor import Executor, backend_name
 from runtime.executor.workers import Workers
 from runtime.planning import plan_report
 from runtime.planning.admission import Admission, ConfigError  # noqa: F401  (ConfigError: re-exported)
@@ -61,7 +61,7 @@ class Engine:
                                               self.admission.capacity)
         self.scheduler = self.admission.scheduler()
         device = torch.device(config.device or spec.contract.DEVICE)
-        self.backend = _backend(config, spec)
+        self.backend = backend_name(config, spec)
         self.runner: Executor = self._executor(device)
         self.stats = Stats()
         self.requests: dict[str, Request] = {}
@@ -343,19 +343,11 @@ def _delta(request: Request, tokens: list[int], result: StepResult) -> Delta:
                  num_cached_tokens=request.num_cached_tokens)
 
 
-def _backend(config: EngineConfig, spec) -> str:
-    """The kernel backend's registered name: the flag's, else the spec's; under
-    --enforce-eager its eager variant (the compiled backend's graphs run as they are)."""
-    name = config.backend or spec.contract.BACKEND
-    eager = get_backend(name).eager_variant if config.enforce_eager else None
-    return eager or name
-
-
 def _check_executor(config: EngineConfig, spec) -> None:
     executor = config.distributed_executor_backend
     if executor not in ("uni", "mp"):
         raise ConfigError(f"--distributed-executor-backend {executor!r}: one of uni, mp")
-    backend = _backend(config, spec)
+    backend = backend_name(config, spec)
     if executor == "mp" and not get_backend(backend).distributed:
         raise ConfigError("--distributed-executor-backend mp needs a backend whose MoE "
                           "spans rank processes (the compiled one, or eagerly with "

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from collections import Counter
 from concurrent.futures import Future
+from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
+
+from runtime.backends import get_backend
+from runtime.core.config import EngineConfig
 
 if TYPE_CHECKING:
     import torch
@@ -21,6 +25,14 @@ if TYPE_CHECKING:
     from runtime.core.scheduler import SchedulerOutput
     from runtime.device.step_result import StepResult, Timing
     from runtime.text.grammar import StructuredOutputs
+
+
+def backend_name(config: EngineConfig, spec: ModuleType) -> str:
+    """The kernel backend's registered name: the flag's, else the spec's; under
+    --enforce-eager its eager variant (the compiled backend's graphs run as they are)."""
+    name = config.backend or spec.contract.BACKEND
+    eager = get_backend(name).eager_variant if config.enforce_eager else None
+    return eager or name
 
 
 class Executor(Protocol):

@@ -33,12 +33,13 @@ import zmq
 
 import generated
 from runtime.backends.compiled import expert_parallel
+from runtime.core.config import EngineConfig
 from runtime.device.model_runner import ModelRunner
 from runtime.device.step_result import StepResult
-from runtime.engine.engine import EngineConfig, _backend
+from runtime.executor.executor import backend_name
+from runtime.executor.parent_watch import die_with_parent
 from runtime.executor.step_plan import Plan, Reply, localize
 from runtime.planning.admission import Admission
-from runtime.process.parent_watch import die_with_parent
 from runtime.weights.loader import bytes_per_rank, load_params
 
 log = logging.getLogger("v4serve.worker")
@@ -73,7 +74,7 @@ class RankWorker:
                                   held=range(rank, rank + 1))
         admission.check_weights(bytes_per_rank(self.params))     # before the pools
         self.runner = ModelRunner(spec, self.params, admission.capacity.blocks, admission.k,
-                                  _backend(config, spec), self.device, ranks=1,
+                                  backend_name(config, spec), self.device, ranks=1,
                                   max_logprobs=config.max_logprobs,
                                   checkpoint=Path(config.model))
         self.pool_bytes = admission.capacity.bytes

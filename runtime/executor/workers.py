@@ -32,8 +32,8 @@ from runtime.core.request import Request
 from runtime.core.scheduler import SchedulerOutput
 from runtime.device.launch_inputs import prefill_extents
 from runtime.device.step_result import StepResult, Timing
+from runtime.executor.parent_watch import arm_death_signal
 from runtime.executor.step_plan import Plan, Reply
-from runtime.process.parent_watch import arm_death_signal
 from runtime.text.grammar import StructuredOutputs
 
 POLL_MS = 100

@@ -27,9 +27,9 @@ import msgspec
 import zmq
 
 import generated
+from runtime.core.config import EngineConfig
 from runtime.core.sampling_params import SamplingParams
 from runtime.engine.client import EngineClient, EngineDeadError, consume
-from runtime.engine.config import EngineConfig
 from runtime.engine.output_processor import OutputProcessor, RequestOutput
 from runtime.planning.admission import Admission
 from runtime.process.core_messages import Abort, Add, Dead, FromCore, Ready, Shutdown, Step

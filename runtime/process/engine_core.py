@@ -23,8 +23,8 @@ import zmq
 
 from runtime.engine.engine import Engine, EngineConfig, RequestOutput
 from runtime.engine.intake import take
+from runtime.executor.parent_watch import die_with_parent
 from runtime.process.core_messages import Dead, Delta, Ready, Refused, Shutdown, Step, ToCore
-from runtime.process.parent_watch import die_with_parent
 from runtime.process.precompile import compile_missing
 
 log = logging.getLogger("v4serve.core")

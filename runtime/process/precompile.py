@@ -16,7 +16,7 @@ import sys
 import time
 
 from runtime.engine.engine import Engine, EngineConfig
-from runtime.process.parent_watch import arm_death_signal
+from runtime.executor.parent_watch import arm_death_signal
 
 log = logging.getLogger("v4serve")
 

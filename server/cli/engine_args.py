@@ -127,7 +127,7 @@ def add_distributed_args(parser: argparse.ArgumentParser) -> None:
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The engine configuration of these flags; StaleSpecError if --spec cannot be served
     (a missing file, or generated/ older than the spec)."""
-    from runtime.engine.config import EngineConfig
+    from runtime.core.config import EngineConfig
 
     spec = load_current(args.spec).SPEC_NAME       # --spec tiny or --spec specs/tiny.yaml
     return EngineConfig(

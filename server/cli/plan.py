@@ -36,7 +36,7 @@ def _positive(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from runtime.engine.config import EngineConfig
+    from runtime.core.config import EngineConfig
     from server.cli.spec_check import load_current
 
     spec = load_current(args.spec)

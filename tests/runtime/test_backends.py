@@ -19,7 +19,8 @@ from runtime.backends.dryrun import DryRunBackend
 from runtime.backends.torch_backend import TorchBackend
 from runtime.device.launcher import Launcher
 from runtime.device.pools import allocate_pools
-from runtime.engine.engine import ConfigError, EngineConfig, _backend, _check_executor
+from runtime.engine.engine import ConfigError, EngineConfig, _check_executor
+from runtime.executor.executor import backend_name
 
 tiny = generated.load("tiny")
 
@@ -189,8 +190,8 @@ def test_the_engine_reads_a_backends_capabilities(delegating):
     from tests.runtime.engine_support import make_engine
 
     eager = EngineConfig(spec="reference", backend="delegating", enforce_eager=True)
-    assert _backend(eager, REF) == "delegating"           # no eager variant: itself
-    assert _backend(EngineConfig(backend="compiled", enforce_eager=True), REF) \
+    assert backend_name(eager, REF) == "delegating"           # no eager variant: itself
+    assert backend_name(EngineConfig(backend="compiled", enforce_eager=True), REF) \
         == "compiled-eager"
     with pytest.raises(ConfigError, match="'delegating' backend runs in one process only"):
         _check_executor(EngineConfig(backend="delegating", distributed_executor_backend="mp"),

@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from runtime.core.sampling_params import SamplingParams
-from runtime.device import batch_sampler
-from runtime.device.sampling_state import SamplingState
+from runtime.sampling import batch_sampler
+from runtime.sampling.sampling_state import SamplingState
 from tests.runtime import sampling_oracle as oracle
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

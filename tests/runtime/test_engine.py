@@ -243,7 +243,7 @@ def test_a_logit_bias_is_written_once_per_request_and_steers_every_step(params,
                                                                          monkeypatch):
     """A full-vocabulary bias becomes the request's dense row once, when it gets its
     state slot, not once per step (runtime/device/sampling_state.py)."""
-    from runtime.device.sampling_state import SamplingState
+    from runtime.sampling.sampling_state import SamplingState
 
     writes, real = [], SamplingState._set_bias
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from runtime.core.sampling_params import SamplingParams
-from runtime.device import batch_sampler
 from runtime.device.sampler import Sampler
 from runtime.engine.async_engine import AsyncEngine
 from runtime.engine.client import RequestFailedError
+from runtime.sampling import batch_sampler
 from tests.model.support import reference_params
 from tests.runtime.engine_support import (
     FAULT,

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from runtime.core.sampling_params import SamplingParams
-from runtime.device import batch_sampler
-from runtime.device.sampling_state import row_params
+from runtime.sampling import batch_sampler
+from runtime.sampling.sampling_state import row_params
 from runtime.text.grammar import GrammarError, StructuredOutputs, TokenMasks, Vocabulary
 from runtime.text.tokenizer import Tokenizer
 from tests.conftest import REPO

@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime.core.sampling_params import InvalidParam, SamplingParams
-from runtime.device import batch_sampler
-from runtime.device.sampling_state import SamplingState
+from runtime.sampling import batch_sampler
+from runtime.sampling.sampling_state import SamplingState
 from tests.model.support import reference_params
 from tests.runtime import sampling_oracle as oracle
 from tests.runtime.engine_support import assert_all_free, make_engine

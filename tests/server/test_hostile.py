@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from runtime.core.sampling_params import SamplingParams
-from runtime.device import batch_sampler
+from runtime.sampling import batch_sampler
 from tests.model.support import reference_params
 from tests.runtime.engine_support import assert_all_free, make_engine
 from tests.server.support import LiveServer

@@ -19,7 +19,7 @@ import torch
 from contract.abi import KernelABI
 from runtime.backends.compiled import expert_parallel
 from runtime.backends.compiled.model import Call, CompiledModel
-from runtime.device.batch_sampler import unpack_mask
+from runtime.sampling.batch_sampler import unpack_mask
 
 
 def live_rows(kernel: KernelABI, args) -> np.ndarray:

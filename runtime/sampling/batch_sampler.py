@@ -25,7 +25,7 @@ from dataclasses import replace
 import torch
 
 from runtime.core.sampling_params import SAMPLING_EPS
-from runtime.device.sampling_state import F32_MAX, RowParams
+from runtime.sampling.sampling_state import F32_MAX, RowParams
 
 _MASK32 = 0xFFFFFFFF
 _SALT = 0x9E3779B9         # so that seed 0 does not hash to 0 (the mix keeps 0 at 0)
