@@ -59,7 +59,6 @@ from runtime.device.step_result import (
     Sampled,
     StepResult,
     Timing,
-    TokenLogprobs,  # noqa: F401  (re-exported: the engine's)
     to_host,
 )
 from runtime.model.params import ModelParams

@@ -26,7 +26,8 @@ from runtime.core.config import EngineConfig  # noqa: F401  (re-exported)
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.scheduler import SchedulerOutput
-from runtime.device.model_runner import ModelRunner, StepResult
+from runtime.device.model_runner import ModelRunner
+from runtime.device.step_result import StepResult
 from runtime.engine.output_processor import Delta, OutputProcessor, RequestOutput
 from runtime.executor.executor import Executor, backend_name
 from runtime.executor.workers import Workers

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from runtime.device.model_runner import TokenLogprobs
+from runtime.device.step_result import TokenLogprobs
 from runtime.text.detokenizer import Detokenizer
 from runtime.text.tokenizer import Tokenizer
 

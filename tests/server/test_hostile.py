@@ -11,9 +11,7 @@ import torch
 
 from runtime.core.sampling_params import SamplingParams
 from runtime.sampling import batch_sampler
-from tests.model.support import reference_params
 from tests.runtime.engine_support import assert_all_free, make_engine
-from tests.server.support import LiveServer
 
 pytestmark = pytest.mark.slow
 
@@ -112,17 +110,6 @@ _BODIES = [
     ("batch-prompt-id-outside-vocab", _C, b'{"prompt": [[5], [5, -1]]}', "prompt[1][1]"),
 ]
 CASES = _cases()
-
-
-@pytest.fixture(scope="module")
-def params():
-    return reference_params()
-
-
-@pytest.fixture(scope="module")
-def live(params):
-    with LiveServer(params) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

@@ -4,22 +4,10 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.model.support import FIXTURE_TOL, golden, reference_params
+from tests.model.support import FIXTURE_TOL, golden
 from tests.runtime.engine_support import make_engine
-from tests.server.support import LiveServer
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def params():
-    return reference_params()
-
-
-@pytest.fixture(scope="module")
-def live(params):
-    with LiveServer(params) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

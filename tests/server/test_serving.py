@@ -10,7 +10,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from runtime.core.sampling_params import SamplingParams
-from tests.model.support import reference_params
 from tests.runtime.engine_support import make_engine
 from tests.server.support import LiveServer
 
@@ -24,11 +23,6 @@ NAMES = {
     "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens",
     "v4serve:dispatches", "v4serve:pool_usage_perc",
 }
-
-
-@pytest.fixture(scope="module")
-def params():
-    return reference_params()
 
 
 def _metrics(url: str) -> dict[str, list]:
