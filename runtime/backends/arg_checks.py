@@ -54,12 +54,13 @@ def stage(buf: torch.Tensor, value: Any, arg: Arg) -> torch.Tensor:
     return buf
 
 
-def check_tensor(value: Any, arg: Arg, shape: Sequence[int | None],
+def check_tensor(value: Any, arg: Arg, dtype: torch.dtype, shape: Sequence[int | None],
                  device: torch.device) -> torch.Tensor:
-    """A device tensor passed through as is: type, dtype, shape and device must match."""
+    """A device tensor passed through as is: type, dtype (arg's, as torch's `dtype`),
+    shape and device must match."""
     if not isinstance(value, torch.Tensor):
         raise ABIError(f"{arg.name}: expected a tensor {arg.expr}, got {type(value).__name__}")
-    if value.dtype != torch_dtype(arg.dtype):
+    if value.dtype != dtype:
         raise ABIError(f"{arg.name}: dtype {value.dtype}, expected torch.{arg.dtype}")
     if not fits(value.shape, shape):
         raise ABIError(f"{arg.name}: shape {tuple(value.shape)}, expected "

@@ -9,6 +9,7 @@ same for every spec and every kernel; nothing here knows a spec.
 from __future__ import annotations
 
 from collections import namedtuple
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -55,6 +56,12 @@ class Launcher:
         self.backend: Backend = get_backend(backend or kernel.backend)
         self.buffers = {a.name: self._zeros(a) for a in kernel.args
                         if a.staged or a.role == "output"}
+        # What marshal() does per argument, in launch order, decided once.
+        self._steps = tuple(self._step(a) for a in kernel.args)
+        self._dynamic = kernel.dynamic_extent
+        self._keywords = frozenset(_keyword(a) for a in kernel.args if a.role != "output")
+        self._host = tuple(a.name for a in kernel.args if a.staged and a.role == "metadata")
+        self._args, self._outputs = args_type(kernel), outputs_type(kernel)
 
     def _zeros(self, arg: Arg) -> torch.Tensor:
         dims = {RANKS: self.ranks, EXTENT: self.kernel.max_extent}
@@ -68,37 +75,48 @@ class Launcher:
             return buffers[name]
         raise AttributeError(f"{type(self).__name__} of {self.kernel.name} has no {name!r}")
 
-    def marshal(self, **given: Any) -> tuple:
-        """Check and stage every argument; return the launch's named arguments."""
-        kernel = self.kernel
-        expected = {a.name for a in kernel.args if a.role in ("input", "metadata", "scalar")}
-        expected |= {a.source.split(".")[0] for a in kernel.args if a.role in ("pool", "weight")}
-        _check_keywords(kernel, expected, given)
-        extent = check_extent(given["extent"], kernel.tile, kernel.max_extent) \
-            if kernel.dynamic_extent else None
-        values = {a.name: self._value(a, given, extent) for a in kernel.args}
-        host = {a.name: np.asarray(given[a.name]) for a in kernel.args
-                if a.staged and a.role == "metadata"}
-        return args_type(kernel)(**values, host=host)
-
-    def _value(self, arg: Arg, given: dict[str, Any], extent: int | None) -> Any:
-        """One argument as the backend receives it, by its role."""
+    def _step(self, arg: Arg) -> Callable[[dict[str, Any], int | None], Any]:
+        """How one argument becomes what the backend receives, by its role."""
         if arg.staged:
             buf = self.buffers[arg.name]
-            return stage(buf[:, :, :extent] if EXTENT in arg.shape else buf, given[arg.name], arg)
+            if EXTENT in arg.shape:
+                return lambda given, extent: stage(buf[:, :, :extent], given[arg.name], arg)
+            return lambda given, extent: stage(buf, given[arg.name], arg)
         if arg.role in ("input", "pool"):
-            return check_tensor(_source(arg, given), arg, self._shape(arg), self.device)
+            dtype, shape = torch_dtype(arg.dtype), self._shape(arg)
+            owner, _, field = arg.source.partition(".")
+            pick = (lambda given: getattr(given[owner], field)) if field \
+                else (lambda given: given[owner])
+            return lambda given, extent: check_tensor(pick(given), arg, dtype, shape,
+                                                      self.device)
         if arg.role == "weight":
-            return check_weights(given["weights"], self.kernel.fingerprint, self.kernel.spec)
+            kernel = self.kernel
+            return lambda given, extent: check_weights(given[arg.name], kernel.fingerprint,
+                                                       kernel.spec)
+        if arg.name == EXTENT:
+            return lambda given, extent: extent
         if arg.role == "scalar":
-            return extent if arg.name == EXTENT else given[arg.name]
-        return self.buffers[arg.name]
+            return lambda given, extent: given[arg.name]
+        buf = self.buffers[arg.name]
+        return lambda given, extent: buf
 
     def _shape(self, arg: Arg) -> tuple[int | None, ...]:
         """A passed-through argument's shape: this launcher's ranks in front, None for a
         pool's block count (fixed when the pools were allocated)."""
         dims = {RANKS: self.ranks, BLOCKS: None}
         return tuple(dims.get(d, d) for d in arg.shape)
+
+    def marshal(self, **given: Any) -> tuple:
+        """Check and stage every argument; return the launch's named arguments."""
+        if given.keys() != self._keywords:
+            missing, extra = sorted(self._keywords - given.keys()), \
+                sorted(given.keys() - self._keywords)
+            raise TypeError(f"{self.kernel.name}.marshal(): missing {missing}, "
+                            f"unexpected {extra}")
+        extent = check_extent(given[EXTENT], self.kernel.tile, self.kernel.max_extent) \
+            if self._dynamic else None
+        host = {name: np.asarray(given[name]) for name in self._host}
+        return self._args(*(step(given, extent) for step in self._steps), host)
 
     def launch(self, **given: Any) -> tuple | None:
         """Marshal the keywords of marshal(), then run the kernel on the backend."""
@@ -108,20 +126,10 @@ class Launcher:
         """Run the kernel on arguments marshal() built; the outputs' views (None for a
         kernel without outputs)."""
         self.backend.launch(self.kernel, args)
-        outputs = self.kernel.by_role("output")
-        if not outputs:
-            return None
-        return outputs_type(self.kernel)(*(self.buffers[a.name] for a in outputs))
+        return self._outputs(*(self.buffers[name] for name in self._outputs._fields)) \
+            if self._outputs._fields else None
 
 
-def _check_keywords(kernel: KernelABI, expected: set[str], given: dict[str, Any]) -> None:
-    missing, extra = sorted(expected - set(given)), sorted(set(given) - expected)
-    if missing or extra:
-        raise TypeError(f"{kernel.name}.marshal(): missing {missing}, unexpected {extra}")
-
-
-def _source(arg: Arg, given: dict[str, Any]) -> Any:
-    """A passed-through tensor: its keyword's value, or a field of one (pools.ori)."""
-    owner, _, field = arg.source.partition(".")
-    value = given[owner]
-    return getattr(value, field) if field else value
+def _keyword(arg: Arg) -> str:
+    """The marshal() keyword an argument comes from (a pool's is `pools`)."""
+    return arg.source.partition(".")[0]
