@@ -36,8 +36,9 @@ from bench.offline import decode_row, prompts, run_transformers  # noqa: E402
 from contract.checkpoint_layout import expected_shapes  # noqa: E402
 from contract.model_args import ModelArgs  # noqa: E402
 from runtime.backends.compiled.moe import grouped_mm  # noqa: E402
+from runtime.core.config import EngineConfig  # noqa: E402
 from runtime.core.sampling_params import SamplingParams  # noqa: E402
-from runtime.engine.engine import Engine, EngineConfig  # noqa: E402
+from runtime.engine.engine import Engine  # noqa: E402
 from runtime.model.params import ModelParams  # noqa: E402
 from runtime.weights.loader import load_params  # noqa: E402
 

@@ -23,8 +23,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.args import bench_parser  # noqa: E402
+from runtime.core.config import EngineConfig  # noqa: E402
 from runtime.core.sampling_params import SamplingParams  # noqa: E402
-from runtime.engine.engine import Engine, EngineConfig  # noqa: E402
+from runtime.engine.engine import Engine  # noqa: E402
 
 HEADER = ("engine", "conc", "MTP", "tok/s", "vs HF", "disp/req", "steps", "step ms",
           "sched", "marshal", "kernel", "sample", "host %", "accept")
@@ -69,15 +70,15 @@ def _sync(device: str | None) -> None:
 def decode_row(engine: Engine, batch: list[list[int]], max_tokens: int) -> dict:
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     engine.generate(batch[:2], SamplingParams(temperature=0, max_tokens=4))    # first use
-    engine.runner.timing.__init__()
+    engine.executor.timing.__init__()
     engine.stats.__init__()
-    engine.runner.dispatches.clear()
+    engine.executor.dispatches.clear()
     start = time.perf_counter()
     outputs = engine.generate(batch, params)
     _sync(engine.config.device)
     seconds = time.perf_counter() - start
     tokens = sum(len(o.output_ids) for o in outputs)
-    s, t = engine.stats, engine.runner.timing
+    s, t = engine.stats, engine.executor.timing
     step = seconds / s.steps
     host = (s.schedule_seconds + t.marshal + t.sample) / s.steps
     return {

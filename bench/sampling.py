@@ -6,8 +6,8 @@ sampling them (bias, penalties, top-k/top-p, a draw). Prints figures; asserts no
                                        [--device cpu] [--against REV]
 
 --against REV times REV's row builder beside today's, on the same parameters (REV's
-runtime/device/batch_sampler.py, read with `git show`: fb7270f built the bias rows of every
-launch in a Python loop).
+batch_sampler.py, wherever REV kept it, read with `git show`: fb7270f built the bias rows
+of every launch in a Python loop).
 """
 from __future__ import annotations
 
@@ -24,9 +24,17 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from runtime import batch_sampler  # noqa: E402
 from runtime.core.sampling_params import SamplingParams  # noqa: E402
+from runtime.sampling import batch_sampler  # noqa: E402
 from runtime.sampling.sampling_state import SamplingState  # noqa: E402
+
+# Where the batch sampler has lived, newest first.
+SAMPLER_PATHS = ("runtime/sampling/batch_sampler.py", "runtime/device/batch_sampler.py",
+                 "runtime/batch_sampler.py")
+
+# Modules an old batch sampler imports, by their old name -> where they are now.
+MOVED = {"runtime.sampling_params": "runtime.core.sampling_params",
+         "runtime.sampling_state": "runtime.sampling.sampling_state"}
 
 
 def timed(fn, reps: int, device: torch.device) -> float:
@@ -50,10 +58,13 @@ def launch(rows: int, biased: int, vocab: int) -> list[SamplingParams]:
 
 def old_builder(rev: str, device: torch.device):
     """REV's RowParamsBuilder (None if REV has none)."""
-    source = subprocess.run(["git", "show", f"{rev}:runtime/device/batch_sampler.py"], cwd=REPO,
-                            capture_output=True, text=True, check=True).stdout
+    source = next(done.stdout for path in SAMPLER_PATHS
+                  if (done := subprocess.run(["git", "show", f"{rev}:{path}"], cwd=REPO,
+                                             capture_output=True, text=True)).returncode == 0)
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(source)
+    for old, new in MOVED.items():            # REV's imports, at today's paths
+        sys.modules.setdefault(old, importlib.import_module(new))
     spec = importlib.util.spec_from_file_location("old_batch_sampler", f.name)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

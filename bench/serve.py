@@ -116,8 +116,9 @@ async def level(url: str, prompts: list[list[int]], concurrency: int, max_tokens
 
 
 def offline_engine(spec: str, model: Path, k: int):
+    from runtime.core.config import EngineConfig
     from runtime.core.sampling_params import SamplingParams
-    from runtime.engine.engine import Engine, EngineConfig
+    from runtime.engine.engine import Engine
 
     engine = Engine.build(EngineConfig(spec=spec, model=model, num_speculative_tokens=k,
                                        enable_prefix_caching=False))

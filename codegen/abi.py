@@ -1,12 +1,6 @@
-"""The kernel launch ABI: which kernels a spec has and each one's named arguments.
-
-This is the contract between the generated launch wrappers and a backend. Argument
-order is: inputs, metadata, pools, weights, scalars, outputs. Every tensor argument but
-the weights carries a leading `ranks` dimension: one SPMD launch drives the ranks a
-wrapper was built for (all of the replica's ranks in one process, or one rank per worker).
-A pool is one tensor [ranks, layers, blocks + 1, rows, width] whose last block is the
-scratch page: -1 block-table entries and padded rows read and write there.
-"""
+"""Which kernels a spec has and each one's arguments, built from its plan as the
+contract's KernelABI objects (contract/abi.py says what an argument's role, dtype and
+shape mean); kernels.py.j2 writes them out as generated/<spec>/kernels.py."""
 from __future__ import annotations
 
 from codegen.plan import Plan, PoolPlan

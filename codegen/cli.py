@@ -39,7 +39,7 @@ def spec_fields_help() -> str:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "codegen", help="generate launch wrappers, pools and contracts from specs",
+        "codegen", help="generate kernel ABI tables, pools and contracts from specs",
         description="Generate generated/<spec>/ from specs/*.yaml: contract, pools, kernels.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     configure(parser)

@@ -12,7 +12,7 @@ from codegen.plan import Plan, PoolPlan
 from contract.abi import MTP_SLOT_FIELDS, Arg, KernelABI
 
 TEMPLATES = Path(__file__).parent / "templates"
-WIDTH = 99  # the longest line a template renders through `call` or `packed`
+WIDTH = 99  # the longest line the renderers below write
 
 
 def _py(value: object) -> str:
@@ -56,19 +56,30 @@ class _Text:
     value: str
 
 
-def _packed_call(func: str, items: list[str | _Text], indent: int) -> str:
+@dataclass(frozen=True)
+class _Ints:
+    """A keyword's tuple of ints, broken between items where a line fills."""
+
+    keyword: str
+    values: tuple[int, ...]
+
+
+def _packed_call(func: str, items: list[str | _Text | _Ints], indent: int) -> str:
     """`func(items...),` with the items packed up to WIDTH, continuation lines indented
     by `indent` + 4."""
     return _pack(items, " " * indent + func + "(", " " * (indent + 4), "),")
 
 
-def _pack(items: list[str | _Text], first: str, inner: str, end: str) -> str:
+def _pack(items: list[str | _Text | _Ints], first: str, inner: str, end: str) -> str:
     """The items comma-separated from `first` on, lines broken before WIDTH, then `end`."""
     lines, line = [], first
     for i, item in enumerate(items):
         tail = end if i == len(items) - 1 else ","
         if isinstance(item, _Text):
             line = _pack_text(item, line, inner, tail, lines)
+            continue
+        if isinstance(item, _Ints):
+            line = _pack_ints(item, line, inner, tail, lines)
             continue
         if len(line) + len(item) + len(tail) > WIDTH and line.strip() \
                 and not line.endswith("("):
@@ -97,6 +108,21 @@ def _pack_text(text: _Text, line: str, inner: str, tail: str, lines: list[str]) 
     return line + _py(chunk) + tail + " "
 
 
+def _pack_ints(ints: _Ints, line: str, inner: str, tail: str, lines: list[str]) -> str:
+    """Append `keyword=(a, b, ...)` to `line`, breaking between items at WIDTH; returns
+    the open line."""
+    if len(ints.values) == 1:
+        return line + f"{ints.keyword}=({ints.values[0]},){tail} "
+    line += f"{ints.keyword}=("
+    for i, value in enumerate(ints.values):
+        text = str(value) + (f"){tail}" if i == len(ints.values) - 1 else ",")
+        if len(line) + len(text) > WIDTH:
+            lines.append(line.rstrip())
+            line = inner
+        line += text + " "
+    return line
+
+
 def _arg_call(arg: Arg) -> str:
     """One Arg(...) of a kernel's table, at the table's indent."""
     items: list = [_py(arg.name), _py(arg.role), _py(arg.dtype), _py(arg.shape), _py(arg.expr)]
@@ -119,10 +145,11 @@ def _group_call(pool: PoolPlan) -> str:
     """One group's PoolGroup(...) entry of GROUPS, with its doc."""
     doc = pool.doc + (f"; {pool.ring_rule}" if pool.ring_rule else "")
     fields = [f"{name}={_py(getattr(pool, name))}" for name in
-              ("layers", "rows_per_page", "row_width", "dtype", "policy", "tokens_per_row",
+              ("rows_per_page", "row_width", "dtype", "policy", "tokens_per_row",
                "ring_pages", "table_width", "page_bytes", "block_bytes", "formula")]
-    return _packed_call(f"{_py(pool.name)}: PoolGroup", [_py(pool.name), *fields,
-                                                         _Text("doc", doc)], 4)
+    return _packed_call(f"{_py(pool.name)}: PoolGroup",
+                        [_py(pool.name), _Ints("layers", pool.layers), *fields,
+                         _Text("doc", doc)], 4)
 
 
 def environment() -> jinja2.Environment:

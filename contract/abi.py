@@ -90,11 +90,6 @@ class PoolGroup:
         return self.layers.index(layer_id)
 
 
-def pool_bytes(groups: Mapping[str, PoolGroup], blocks: Mapping[str, int]) -> int:
-    """Bytes one rank's pools take for these block counts (the scratch page aside)."""
-    return sum(groups[g].block_bytes * n for g, n in blocks.items())
-
-
 @dataclass(frozen=True, eq=False)
 class KernelABI:
     """One fixed kernel specialization: what a launcher stages and checks and what a

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class DecodeLayout:
-    """`batch` rows of `seq` = k + 1 tokens per rank, launched by the wrapper `kernel`."""
+    """`batch` rows of `seq` = k + 1 tokens per rank, launched as the kernel `kernel`."""
 
     k: int
     batch: int

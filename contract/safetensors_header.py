@@ -24,28 +24,28 @@ class SafetensorsError(ValueError):
 
 
 class SafetensorsHeader:
-    """An open safetensors file and its checked header: names, dtypes, shapes, offsets."""
-
+    """An open safetensors file (`fd`) and its checked header: names, dtypes, shapes and
+    where each tensor's bytes are."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self._fd = os.open(self.path, os.O_RDONLY)
+        self.fd = os.open(self.path, os.O_RDONLY)
         try:
             self._entries, self._base = self._header()
         except BaseException:
-            os.close(self._fd)
+            os.close(self.fd)
             raise
 
     def _header(self) -> tuple[dict[str, dict], int]:
-        size = os.fstat(self._fd).st_size
-        head = os.pread(self._fd, 8, 0)
+        size = os.fstat(self.fd).st_size
+        head = os.pread(self.fd, 8, 0)
         if len(head) < 8:
             raise SafetensorsError(f"{self.path}: too short for a safetensors header")
         (length,) = struct.unpack("<Q", head)
         if length > min(MAX_HEADER, size - 8):
             raise SafetensorsError(f"{self.path}: header of {length} bytes does not fit")
         try:
-            entries = json.loads(os.pread(self._fd, length, 8))
+            entries = json.loads(os.pread(self.fd, length, 8))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise SafetensorsError(f"{self.path}: unreadable header: {exc}") from None
         if not isinstance(entries, dict):
@@ -90,10 +90,15 @@ class SafetensorsHeader:
         """The stored dtype's safetensors name (F32, BF16, F8_E4M3, I8, ...)."""
         return self._entries[name]["dtype"]
 
+    def span(self, name: str) -> tuple[int, int]:
+        """Where tensor `name`'s bytes are in the file: (offset, length)."""
+        begin, end = self._entries[name]["data_offsets"]
+        return self._base + begin, end - begin
+
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._entries[name]["shape"])
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

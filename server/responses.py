@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from runtime.engine.engine import RequestOutput
+from runtime.engine.output_processor import RequestOutput
 from runtime.text.tokenizer import Tokenizer
 from server.chat_output import ChatOutput
 

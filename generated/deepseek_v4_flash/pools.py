@@ -23,46 +23,40 @@ import enum
 from contract.abi import PoolGroup
 
 GROUPS: dict[str, PoolGroup] = {
-    "ori": PoolGroup("ori",
-        layers=(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43),
-        rows_per_page=128, row_width=512, dtype="bfloat16", policy="ring", tokens_per_row=1,
-        ring_pages=3, table_width=3, page_bytes=131072, block_bytes=5767168,
+    "ori": PoolGroup("ori", layers=(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17,
+        18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40,
+        41, 42, 43), rows_per_page=128, row_width=512, dtype="bfloat16", policy="ring",
+        tokens_per_row=1, ring_pages=3, table_width=3, page_bytes=131072, block_bytes=5767168,
         formula="min(3, ceil(len / 128))", doc="sliding-window KV of every layer, the MTP layer "
         "included; ring = ceil((window - 1 + in_flight) / block_size) + 1 with window 128, "
         "in_flight 2 (the widest decode row)"),
-    "cmp_c128": PoolGroup("cmp_c128",
-        layers=(3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 33, 35, 37, 39, 41),
-        rows_per_page=1, row_width=512, dtype="bfloat16", policy="full", tokens_per_row=128,
-        ring_pages=None, table_width=8192, page_bytes=1024, block_bytes=20480,
+    "cmp_c128": PoolGroup("cmp_c128", layers=(3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29,
+        31, 33, 35, 37, 39, 41), rows_per_page=1, row_width=512, dtype="bfloat16", policy="full",
+        tokens_per_row=128, ring_pages=None, table_width=8192, page_bytes=1024, block_bytes=20480,
         formula="ceil((len // 128) / 1)", doc="HCA compressed KV entries (ratio 128)"),
-    "cmp_c4": PoolGroup("cmp_c4",
-        layers=(2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42),
-        rows_per_page=32, row_width=512, dtype="bfloat16", policy="full", tokens_per_row=4,
-        ring_pages=None, table_width=8192, page_bytes=32768, block_bytes=688128,
+    "cmp_c4": PoolGroup("cmp_c4", layers=(2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30,
+        32, 34, 36, 38, 40, 42), rows_per_page=32, row_width=512, dtype="bfloat16", policy="full",
+        tokens_per_row=4, ring_pages=None, table_width=8192, page_bytes=32768, block_bytes=688128,
         formula="ceil((len // 4) / 32)", doc="CSA compressed KV entries (ratio 4)"),
-    "idx": PoolGroup("idx",
-        layers=(2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42),
-        rows_per_page=32, row_width=128, dtype="bfloat16", policy="full", tokens_per_row=4,
-        ring_pages=None, table_width=8192, page_bytes=8192, block_bytes=172032,
+    "idx": PoolGroup("idx", layers=(2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34,
+        36, 38, 40, 42), rows_per_page=32, row_width=128, dtype="bfloat16", policy="full",
+        tokens_per_row=4, ring_pages=None, table_width=8192, page_bytes=8192, block_bytes=172032,
         formula="ceil((len // 4) / 32)", doc="lightning-indexer compressed keys (ratio 4)"),
-    "hca_state": PoolGroup("hca_state",
-        layers=(3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 33, 35, 37, 39, 41),
-        rows_per_page=8, row_width=1024, dtype="float32", policy="ring", tokens_per_row=1,
-        ring_pages=16, table_width=16, page_bytes=32768, block_bytes=655360,
+    "hca_state": PoolGroup("hca_state", layers=(3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29,
+        31, 33, 35, 37, 39, 41), rows_per_page=8, row_width=1024, dtype="float32", policy="ring",
+        tokens_per_row=1, ring_pages=16, table_width=16, page_bytes=32768, block_bytes=655360,
         formula="min(16, ceil(len / 8))", doc="C128 compressor state: pending kv and gate-score "
         "rows; ring = state span 128 / rows_per_page 8"),
-    "csa_state": PoolGroup("csa_state",
-        layers=(2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42),
-        rows_per_page=4, row_width=2048, dtype="float32", policy="ring", tokens_per_row=1,
-        ring_pages=2, table_width=2, page_bytes=32768, block_bytes=688128,
-        formula="min(2, ceil(len / 4))", doc="C4 compressor state: two overlapped windows of kv "
-        "and gate-score rows; ring = state span 8 / rows_per_page 4"),
-    "csa_inner_state": PoolGroup("csa_inner_state",
-        layers=(2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42),
-        rows_per_page=4, row_width=512, dtype="float32", policy="ring", tokens_per_row=1,
-        ring_pages=2, table_width=2, page_bytes=8192, block_bytes=172032,
-        formula="min(2, ceil(len / 4))", doc="indexer compressor state: as csa_state at "
-        "index_head_dim; ring = state span 8 / rows_per_page 4"),
+    "csa_state": PoolGroup("csa_state", layers=(2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28,
+        30, 32, 34, 36, 38, 40, 42), rows_per_page=4, row_width=2048, dtype="float32",
+        policy="ring", tokens_per_row=1, ring_pages=2, table_width=2, page_bytes=32768,
+        block_bytes=688128, formula="min(2, ceil(len / 4))", doc="C4 compressor state: two "
+        "overlapped windows of kv and gate-score rows; ring = state span 8 / rows_per_page 4"),
+    "csa_inner_state": PoolGroup("csa_inner_state", layers=(2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22,
+        24, 26, 28, 30, 32, 34, 36, 38, 40, 42), rows_per_page=4, row_width=512, dtype="float32",
+        policy="ring", tokens_per_row=1, ring_pages=2, table_width=2, page_bytes=8192,
+        block_bytes=172032, formula="min(2, ceil(len / 4))", doc="indexer compressor state: as "
+        "csa_state at index_head_dim; ring = state span 8 / rows_per_page 4"),
 }
 
 # Device-state slots per rank: one per running request (its MTP state, its sampling

@@ -1,9 +1,9 @@
-"""Kernel backends: the registry the launch wrappers dispatch through.
+"""Kernel backends: the registry the launchers (runtime/device/launcher.py) dispatch through.
 
 A backend runs the launches of the kernel kinds it supports: `launch(kernel, args)` gets
-one kernel's ABI and its arguments by name, as a wrapper staged them. Backends register a
+one kernel's ABI and its arguments by name, as a launcher staged them. Backends register a
 factory by name; `get_backend` builds one on first use (one instance per name, shared by
-every wrapper of the process) and its error lists the registered names.
+every launcher of the process) and its error lists the registered names.
 
 What a backend can do is declared by attributes every backend has (the defaults of the
 Backend protocol below, which a backend class subclasses); callers read them and never
@@ -53,7 +53,7 @@ class Backend(Protocol):
     eager_variant: str | None = None
 
     def launch(self, kernel: KernelABI, args: tuple) -> None:
-        """Run `kernel` on the named `args` built by its wrapper's marshal()."""
+        """Run `kernel` on the named `args` its launcher's marshal() built."""
 
     def compiles(self, device: torch.device) -> bool:
         """Whether launches on `device` run through compiled graphs."""

@@ -1,7 +1,7 @@
 """The dry-run backend: re-checks every launch against its ABI and computes nothing.
 
-It lets the scheduler, pools and wrappers run end to end without a model (tests, dry
-runs of a spec). Outputs are left as the wrapper allocated them. Beyond the wrappers'
+It lets the scheduler, pools and launchers run end to end without a model (tests, dry
+runs of a spec). Outputs are left as the launcher allocated them. Beyond the launcher's
 own shape checks it validates values: block ids inside each rank's pool, row lengths
 inside the launch.
 """

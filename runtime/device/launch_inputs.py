@@ -1,4 +1,4 @@
-"""A step's launch inputs, built on the host as numpy arrays for the launch wrappers to
+"""A step's launch inputs, built on the host as numpy arrays for the launchers to
 stage: block tables, token ids, positions and row lengths, MTP slot ids, and which
 flat rows of a launch's outputs belong to which request.
 

@@ -1,4 +1,4 @@
-"""Launcher: one kernel specialization's launch wrapper, built from its ABI table.
+"""Launcher: one kernel specialization made a launch, from its ABI table.
 
 A spec's generated package declares each kernel as data (contract.abi.KernelABI: the
 arguments in launch order, their roles, dtypes and shapes); a Launcher turns that table
@@ -9,7 +9,7 @@ same for every spec and every kernel; nothing here knows a spec.
 from __future__ import annotations
 
 from collections import namedtuple
-from collections.abc import Callable
+from collections.abc import Callable, KeysView
 from functools import cache
 from typing import Any
 
@@ -79,8 +79,10 @@ class Launcher:
         """How one argument becomes what the backend receives, by its role."""
         if arg.staged:
             buf = self.buffers[arg.name]
-            if EXTENT in arg.shape:
-                return lambda given, extent: stage(buf[:, :, :extent], given[arg.name], arg)
+            if EXTENT in arg.shape:              # the launch's rows of a max-extent buffer
+                dim = arg.shape.index(EXTENT)
+                return lambda given, extent: stage(buf.narrow(dim, 0, extent),
+                                                   given[arg.name], arg)
             return lambda given, extent: stage(buf, given[arg.name], arg)
         if arg.role in ("input", "pool"):
             dtype, shape = torch_dtype(arg.dtype), self._shape(arg)
@@ -109,10 +111,7 @@ class Launcher:
     def marshal(self, **given: Any) -> tuple:
         """Check and stage every argument; return the launch's named arguments."""
         if given.keys() != self._keywords:
-            missing, extra = sorted(self._keywords - given.keys()), \
-                sorted(given.keys() - self._keywords)
-            raise TypeError(f"{self.kernel.name}.marshal(): missing {missing}, "
-                            f"unexpected {extra}")
+            raise TypeError(_keyword_error(self.kernel, self._keywords, given.keys()))
         extent = check_extent(given[EXTENT], self.kernel.tile, self.kernel.max_extent) \
             if self._dynamic else None
         host = {name: np.asarray(given[name]) for name in self._host}
@@ -128,6 +127,14 @@ class Launcher:
         self.backend.launch(self.kernel, args)
         return self._outputs(*(self.buffers[name] for name in self._outputs._fields)) \
             if self._outputs._fields else None
+
+
+def _keyword_error(kernel: KernelABI, expected: frozenset[str], given: KeysView) -> str:
+    """What is wrong with marshal()'s keywords: the ones missing, the ones unexpected."""
+    missing, extra = sorted(expected - given), sorted(given - expected)
+    parts = ([f"missing {', '.join(missing)}"] if missing else []) + \
+        ([f"unexpected {', '.join(extra)}"] if extra else [])
+    return f"{kernel.class_name}.marshal(): {'; '.join(parts)}"
 
 
 def _keyword(arg: Arg) -> str:

@@ -1,6 +1,6 @@
-"""The model runner: scheduler output -> generated wrapper launches -> sampled tokens.
+"""The model runner: scheduler output -> launches of the generated kernels -> sampled tokens.
 
-It owns the device side: the pools, the MTP slots, the sampling state, one wrapper per
+It owns the device side: the pools, the MTP slots, the sampling state, one launcher per
 kernel (staging buffers allocated once) and the dispatch counters. A step:
 
     save      prefix caching: ring pages copied into cache pages (before any clear)
@@ -79,8 +79,6 @@ class ModelRunner:
     `checkpoint`: its tokenizer serves structured outputs; `defer_compile`: graphs not
     compiled yet run eagerly meanwhile (the backend's `defer`)."""
 
-    multiprocess = False
-
     def __init__(self, spec: ModuleType, params: ModelParams, blocks: dict[str, int], k: int,
                  backend: str, device: torch.device, ranks: int | None = None, *,
                  max_logprobs: int = 20, checkpoint: Path | None = None,
@@ -93,7 +91,7 @@ class ModelRunner:
         self.prefill_mtp = Launcher(spec.kernels.PREFILL_MTP, device, backend, ranks=self.ranks) \
             if k else None
         self.decode = Launcher(spec.kernels.DECODE_BY_K[k], device, backend, ranks=self.ranks)
-        self.backend = self.decode.backend        # every wrapper's: one per name
+        self.backend = self.decode.backend        # every launcher's: one per name
         if defer_compile:
             self.backend.defer = True
         self.max_logprobs = max_logprobs
@@ -103,7 +101,7 @@ class ModelRunner:
         self.masks = GrammarMasks(checkpoint, spec.architecture.CONFIG, device)
         self.sampler = Sampler(self.ranks, spec.pools.REQUEST_SLOTS_PER_RANK + 1,
                                params.args.vocab_size, device, self.masks, self.timing)
-        self.slots = MtpSlotState(self.mtp, spec.pools.MtpField, spec.contract.MTP_WINDOW,
+        self.mtp_slots = MtpSlotState(self.mtp, spec.pools.MtpField, spec.contract.MTP_WINDOW,
                                   device) if k else None
 
     # -- the step --------------------------------------------------------------------
@@ -139,21 +137,22 @@ class ModelRunner:
         """Targeted writes: a page or slot handed to a new owner starts zeroed."""
         page_copies.clear_pages(self.pools, out.fresh_blocks, self.device)
         for request in out.fresh_slots:
-            if self.slots is not None:
-                self.slots.clear(request)
+            if self.mtp_slots is not None:
+                self.mtp_slots.clear(request)
             self.sampler.admit(request)
 
-    def _launch(self, wrapper, name: str, patch=None, **kwargs):
+    def _launch(self, launcher: Launcher, patch=None, **kwargs):
+        """Marshal, let `patch` edit the staged arguments (on the device), run; timed."""
         t0 = time.perf_counter()
-        args = wrapper.marshal(**kwargs)
+        args = launcher.marshal(**kwargs)
         if patch is not None:
             patch(args)
         t1 = time.perf_counter()
-        result = wrapper.run(args)
+        result = launcher.run(args)
         t2 = time.perf_counter()
         self.timing.marshal += t1 - t0
         self.timing.kernel += t2 - t1
-        self.dispatches[name] += 1
+        self.dispatches[launcher.kernel.name] += 1
         return result
 
     # -- warmup ----------------------------------------------------------------------
@@ -205,7 +204,7 @@ class ModelRunner:
         common = dict(pools=self.pools, weights=self.params, **self.inputs.decode(rows))
         if self.k:
             return self._decode_mtp(rows, common, results)
-        out = self._launch(self.decode, self.decode_name, **self.inputs.decode_tokens(rows),
+        out = self._launch(self.decode, **self.inputs.decode_tokens(rows),
                            **common)
         if not rows:
             return []
@@ -213,17 +212,13 @@ class ModelRunner:
             rows, self.inputs.batch)]
         return self.sampler.sample([r for _, _, r in rows], logits, results)
 
-    @property
-    def decode_name(self) -> str:
-        return self.spec.contract.DECODE_LAYOUTS[self.k].kernel
-
     def _decode_mtp(self, rows: Rows, common: dict, results) -> list[Sampled]:
         """The fused MTP decode: draft under each row's mask, verify, advance the slots."""
         ok, rows_params = self.sampler.params(rows, results)
         requests = [r for r, _ in ok]
         tail_masks = self.masks.masks(requests)
         draft_mask = self.masks.draft_mask(self.inputs.decode_shape, ok, tail_masks)
-        out = self._launch(self.decode, self.decode_name, draft_mask=draft_mask, mtp=self.mtp,
+        out = self._launch(self.decode, draft_mask=draft_mask, mtp=self.mtp,
                            **self.inputs.decode_slots(rows), **common)
         if not ok:
             return []
@@ -232,14 +227,14 @@ class ModelRunner:
         draft = out.draft_ids.view(-1, out.draft_ids.shape[-1])[flat][:, 0]
         sampled, kept = self.sampler.verify(requests, rows_params, logits, draft, tail_masks,
                                             self.k)
-        self.slots.advance(requests, sampled.tokens, kept,
+        self.mtp_slots.advance(requests, sampled.tokens, kept,
                            out.hidden.view(-1, *out.hidden.shape[2:])[flat])
         return [sampled]
 
     # -- prefill ---------------------------------------------------------------------
 
     def _prefill(self, chunks: list[PrefillChunk], results, extent: int) -> list[Sampled]:
-        out = self._launch(self.prefill, "prefill_main", pools=self.pools, weights=self.params,
+        out = self._launch(self.prefill, pools=self.pools, weights=self.params,
                            **self.inputs.prefill(chunks, extent))
         sampled, first = self._sample_first(chunks, out.logits, results)
         if self.k:
@@ -267,13 +262,13 @@ class ModelRunner:
         token at its last row is its first sampled token, still on the device."""
         chunks = [ch for ch in chunks if ch.request not in results]       # not failed
         fill = [ch for ch in chunks if ch.request in first]
-        self._launch(self.prefill_mtp, "prefill_mtp",
+        self._launch(self.prefill_mtp,
                      patch=self.inputs.first_tokens_patch(fill, first, first_tokens),
                      mtp_hidden=hidden, pools=self.pools, weights=self.params,
                      **self.inputs.prefill_mtp(chunks))
         terminal = [ch for ch in chunks if ch.terminal]
         if terminal:
-            self.slots.fill(terminal, hidden, first_tokens, first)
+            self.mtp_slots.fill(terminal, hidden, first_tokens, first)
 
     # -- structured outputs ----------------------------------------------------------
 

@@ -17,16 +17,17 @@ import torch
 
 from runtime.core.request import Request
 from runtime.core.scheduler import PrefillChunk
+from runtime.device.pools import MtpState
 
 
 class MtpSlotState:
-    def __init__(self, state, field: type[IntEnum], window: int, device: torch.device):
-        self.state, self.field, self.window, self.device = state, field, window, device
+    def __init__(self, mtp: MtpState, field: type[IntEnum], window: int, device: torch.device):
+        self.mtp, self.field, self.window, self.device = mtp, field, window, device
 
     def clear(self, request: Request) -> None:
         """The request's new slot starts zeroed."""
-        self.state.slots[request.rank, request.slot] = 0
-        self.state.hidden[request.rank, request.slot] = 0
+        self.mtp.slots[request.rank, request.slot] = 0
+        self.mtp.hidden[request.rank, request.slot] = 0
 
     def fill(self, chunks: list[PrefillChunk], hidden: torch.Tensor,
              first_tokens: torch.Tensor | None, first: dict[Request, int]) -> None:
@@ -47,12 +48,12 @@ class MtpSlotState:
                                           device=self.device)), dim=1)
         f = self.field
         columns = [f.TAIL_TOKEN, f.TAIL_POS, f.COMMITTED, f.GENERATION]
-        self.state.slots[rank[:, None], slot[:, None],
+        self.mtp.slots[rank[:, None], slot[:, None],
                          torch.tensor(columns, device=self.device)] = state
         width = torch.tensor([min(self.window, ch.length) - 1 for ch in chunks],
                              device=self.device)
         home = torch.tensor([ch.slot for ch in chunks], device=self.device)
-        self.state.hidden[rank, slot] = hidden[rank, home, width]
+        self.mtp.hidden[rank, slot] = hidden[rank, home, width]
 
     def advance(self, requests: list[Request], tokens: torch.Tensor, kept: torch.Tensor,
                 hidden: torch.Tensor) -> None:
@@ -61,13 +62,13 @@ class MtpSlotState:
         tokens [n, 2], kept [n] bool, hidden [n, 2, hc, d]: the launch's rows."""
         f = self.field
         rank, slot = self._rank_slot(requests)
-        state = self.state.slots[rank, slot]
+        state = self.mtp.slots[rank, slot]
         step = 1 + kept.long()
         tail_pos = state[:, f.TAIL_POS] + step
         state[:, f.TAIL_TOKEN] = tokens.gather(1, kept.long()[:, None])[:, 0]
         state[:, f.TAIL_POS], state[:, f.COMMITTED] = tail_pos, tail_pos + 1
-        self.state.slots[rank, slot] = state
-        self.state.hidden[rank, slot] = hidden[torch.arange(len(requests)), kept.long()]
+        self.mtp.slots[rank, slot] = state
+        self.mtp.hidden[rank, slot] = hidden[torch.arange(len(requests)), kept.long()]
 
     def _rank_slot(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
         pairs = torch.tensor([(r.rank, r.slot) for r in requests], device=self.device)

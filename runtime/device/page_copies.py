@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from runtime.core.scheduler import PageCopy, PrefillChunk, Save
+from runtime.core.cache_manager import PageCopy, Save
+from runtime.core.scheduler import PrefillChunk
 
 
 def copy_pages(pools, copies: list[PageCopy], device: torch.device) -> None:

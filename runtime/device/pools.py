@@ -16,7 +16,7 @@ from types import ModuleType
 import torch
 
 from contract.abi import PoolGroup
-from runtime.device.launcher import torch_dtype
+from runtime.backends.arg_checks import torch_dtype
 
 
 @cache
@@ -25,8 +25,8 @@ def _pools_type(groups: tuple[str, ...]) -> type:
     return make_dataclass("Pools", [(g, torch.Tensor) for g in groups], frozen=True)
 
 
-def allocate_pools(spec: ModuleType, blocks: Mapping[str, int], device: str | torch.device = "cpu",
-             ranks: int | None = None):
+def allocate_pools(spec: ModuleType, blocks: Mapping[str, int],
+                   device: str | torch.device = "cpu", ranks: int | None = None):
     """`blocks[g]` zeroed pages (and the scratch page) of every group g of the spec's
     generated package on each of `ranks` ranks (the spec's RANKS by default)."""
     groups: Mapping[str, PoolGroup] = spec.pools.GROUPS

@@ -13,11 +13,10 @@ import torch
 
 from runtime.core.request import Request
 from runtime.device.grammar_masks import GrammarMasks
+from runtime.device.launch_inputs import Rows
 from runtime.device.step_result import Sampled, StepResult, Timing
 from runtime.sampling import batch_sampler
 from runtime.sampling.sampling_state import RowParams, SamplingState
-
-Rows = list[tuple[int, int, Request]]          # (rank, row in the launch, request)
 
 
 class Sampler:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import torch
 
@@ -15,8 +16,10 @@ class SamplingFailure(RuntimeError):
     """A request's sampling distribution had no finite, positive mass."""
 
 
-@dataclass
-class TokenLogprobs:
+class TokenLogprobs(msgspec.Struct, array_like=True):
+    """A sampled token's log-prob and the top alternatives; sent between processes as an
+    array (no field names per token)."""
+
     token: int
     logprob: float
     top: list[tuple[int, float]]

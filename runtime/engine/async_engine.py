@@ -25,8 +25,9 @@ from collections.abc import AsyncIterator
 
 from runtime.core.sampling_params import SamplingParams
 from runtime.engine.client import EngineClient, EngineDeadError, consume
-from runtime.engine.engine import Engine, RequestOutput
+from runtime.engine.engine import Engine
 from runtime.engine.intake import Abort, Add, take
+from runtime.engine.output_processor import RequestOutput
 
 
 class AsyncEngine(EngineClient):

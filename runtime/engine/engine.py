@@ -22,7 +22,7 @@ import torch
 
 import generated
 from runtime.backends import get_backend
-from runtime.core.config import EngineConfig  # noqa: F401  (re-exported)
+from runtime.core.config import EngineConfig
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.scheduler import SchedulerOutput
@@ -32,7 +32,7 @@ from runtime.engine.output_processor import Delta, OutputProcessor, RequestOutpu
 from runtime.executor.executor import Executor, backend_name
 from runtime.executor.workers import Workers
 from runtime.planning import plan_report
-from runtime.planning.admission import Admission, ConfigError  # noqa: F401  (ConfigError: re-exported)
+from runtime.planning.admission import Admission, ConfigError
 from runtime.text.tokenizer import Tokenizer, eos_token_id
 from runtime.weights.loader import bytes_per_rank, load_params
 
@@ -63,7 +63,7 @@ class Engine:
         self.scheduler = self.admission.scheduler()
         device = torch.device(config.device or spec.contract.DEVICE)
         self.backend = backend_name(config, spec)
-        self.runner: Executor = self._executor(device)
+        self.executor: Executor = self._executor(device)
         self.stats = Stats()
         self.requests: dict[str, Request] = {}
         self._preparing: dict[Request, Future] = {}     # grammars compiling, not scheduled
@@ -91,20 +91,16 @@ class Engine:
         """Compile (or load from the cache) every graph of a compiling backend before
         the first request; returns seconds per graph (empty for an eager backend). With
         defer_compile, graphs not compiled yet stay eager (see pending_graphs)."""
-        if not self.runner.compiles():
+        if not self.executor.compiles():
             return {}               # nothing to compile here: an eager backend (or
-        self.runner.warmup()        # --enforce-eager), or rank workers that warm up alone
+        self.executor.warmup()        # --enforce-eager), or rank workers that warm up alone
         graphs = self.graphs
         return dict(graphs.seconds) if graphs is not None else {}
 
     @property
-    def multiprocess(self) -> bool:
-        return self.runner.multiprocess
-
-    @property
     def graphs(self) -> Graphs | None:
         """The compiled backend's graphs (None for a backend that compiles nothing here)."""
-        return self.runner.graphs()
+        return self.executor.graphs()
 
     def pending_graphs(self) -> int:
         """Graphs that run eagerly until a compile saves them (defer_compile)."""
@@ -117,10 +113,10 @@ class Engine:
             "spec": self.spec.SPEC_NAME, "spec_path": self.spec.SPEC_PATH,
             "checkpoint": str(self.config.model), "backend": self.backend,
             "executor": self.config.distributed_executor_backend,
-            "device": str(self.runner.device), "ranks": c.RANKS,
+            "device": str(self.executor.device), "ranks": c.RANKS,
             # per rank process: rank, pid, host, device, param_bytes, pool_bytes (mp)
-            "processes": self.runner.rank_processes(),
-            "param_bytes_per_rank": self.runner.param_bytes_per_rank(),
+            "processes": self.executor.rank_processes(),
+            "param_bytes_per_rank": self.executor.param_bytes_per_rank(),
             "pool_tokens_per_rank": cap.tokens, "pool_bytes_per_rank": cap.bytes,
             "max_model_len": limits.max_model_len,
             # requests of max_model_len tokens that run at once, over all ranks
@@ -132,7 +128,7 @@ class Engine:
     def resident(self) -> dict:
         """Device bytes this process holds: its weights and its pools (every rank with
         `uni`; the rank processes hold theirs with `mp`)."""
-        return self.runner.resident()
+        return self.executor.resident()
 
     def graph_info(self) -> dict:
         """The compiled backend's graphs: seconds each took to compile or load, and how
@@ -177,8 +173,8 @@ class Engine:
         }
 
     def close(self) -> None:
-        """Stop the runner: its rank workers (mp), or its grammar thread."""
-        self.runner.close()
+        """Stop the executor: its rank workers (mp), or its grammar thread."""
+        self.executor.close()
 
     @classmethod
     def build(cls, config: EngineConfig) -> Engine:
@@ -204,12 +200,16 @@ class Engine:
             raise ValueError(f"request id {request_id!r} is already in use")
         eos = eos_token_id(self.tokenizer, self.spec.architecture.CONFIG)
         request = Request(request_id, ids, params, next(self._arrival), eos)
-        if params.structured is None:
-            self.scheduler.add(request)           # the last step that may refuse it
-        else:
-            self._prepare(request)
-        self.requests[request_id] = request
         self.output_processor.add(request_id, ids, params.stop)
+        try:
+            if params.structured is None:
+                self.scheduler.add(request)           # the last step that may refuse it
+            else:
+                self._prepare(request)
+        except BaseException:
+            self.output_processor.forget(request_id)
+            raise
+        self.requests[request_id] = request
         return request
 
     def _prepare(self, request: Request) -> None:
@@ -218,7 +218,7 @@ class Engine:
         reason = self.scheduler.check(request)
         if reason:
             raise ValueError(reason)
-        self._preparing[request] = self.runner.prepare(request.params.structured)
+        self._preparing[request] = self.executor.prepare(request.params.structured)
 
     def validate(self, ids: list[int], params: SamplingParams) -> None:
         """InvalidParam if a request of these ids and params could never run here."""
@@ -249,7 +249,7 @@ class Engine:
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         self.stats.schedule_seconds += time.perf_counter() - t0
-        results = self.runner.execute(out)
+        results = self.executor.execute(out)
         return failed + self._postprocess(out, results)
 
     def _prepared(self) -> list[RequestOutput]:
@@ -265,7 +265,7 @@ class Engine:
                 continue
             del self._preparing[request]
             if compiling.exception() is None:
-                self.runner.adopt(request, compiling.result())
+                self.executor.adopt(request, compiling.result())
                 self.scheduler.add(request)
             else:
                 failed.append(self._fail(request, compiling.exception()))
@@ -315,7 +315,7 @@ class Engine:
 
     def _forget(self, request: Request) -> None:
         self.stats.requests_finished += 1
-        self.runner.forget(request.request_id)
+        self.executor.forget(request.request_id)
         self.requests.pop(request.request_id, None)
         self.output_processor.forget(request.request_id)
 
@@ -334,7 +334,7 @@ class Engine:
 
     @property
     def dispatches(self) -> Counter[str]:
-        return self.runner.dispatches
+        return self.executor.dispatches
 
 
 def _delta(request: Request, tokens: list[int], result: StepResult) -> Delta:

@@ -67,9 +67,10 @@ class _Tracked:
 
 
 class OutputProcessor:
-    """Tracks a request from `add` until its output finishes (or `forget`). The tracked
-    map may be changed from another thread between steps (a client's abort): `process`
-    reads each request's state once and drops a Delta whose request is gone."""
+    """Tracks a request from `add` until its output finishes (or `forget`). Another
+    thread may forget a request at any time, a `process` call included (a client's
+    abort): each Delta reads its request's state once, and one whose request is gone is
+    dropped."""
 
     def __init__(self, tokenizer: Tokenizer | None):
         self.tokenizer = tokenizer
@@ -94,8 +95,8 @@ class OutputProcessor:
         """End a tracked request whose own processing raised (its sampling, its grammar):
         its error output."""
         _log_failure(request_id, error)
-        out = _failed(request_id, self._tracked[request_id], _describe(error),
-                      num_cached_tokens)
+        tracked = self._tracked.get(request_id) or _Tracked([], None)
+        out = _failed(request_id, tracked, _describe(error), num_cached_tokens)
         self.forget(request_id)
         return out
 

@@ -4,7 +4,7 @@
     Workers      runtime/executor/workers.py      one worker process per rank (mp)
 
 The engine holds one and uses only what this protocol declares; what an executor can do
-is declared here too (`multiprocess`, `compiles`, `graphs`), so a new kind of executor is
+is declared here too (`compiles`, `graphs`, `rank_processes`), so a new kind of executor is
 a new class, never a branch in the engine.
 """
 from __future__ import annotations
@@ -36,8 +36,6 @@ def backend_name(config: EngineConfig, spec: ModuleType) -> str:
 
 
 class Executor(Protocol):
-    multiprocess: bool          # the ranks run in processes of their own, each of which
-                                # warms up (compiles) before it reports ready
     device: torch.device | str  # where the ranks run, for the startup log ("per rank": mp)
     dispatches: Counter[str]    # launches so far, by kernel name (rank 0's with mp)
     timing: Timing              # seconds so far by phase (rank 0's with mp)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from runtime.core.scheduler import PageCopy, PrefillChunk, Save, SchedulerOutput
+from runtime.core.cache_manager import PageCopy, Save
+from runtime.core.scheduler import PrefillChunk, SchedulerOutput
 from runtime.device.step_result import StepResult
 
 

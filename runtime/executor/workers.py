@@ -127,8 +127,6 @@ class Workers:
     (runtime/executor/executor.py) whose ranks warm up, compile and hold their weights
     and pools in their own processes."""
 
-    multiprocess = True
-
     def __init__(self, config, contract):
         self.config, self.contract = resolve(config), contract
         self.context = zmq.Context()

@@ -21,8 +21,10 @@ import traceback
 import msgspec
 import zmq
 
-from runtime.engine.engine import Engine, EngineConfig, RequestOutput
+from runtime.core.config import EngineConfig
+from runtime.engine.engine import Engine
 from runtime.engine.intake import take
+from runtime.engine.output_processor import RequestOutput
 from runtime.executor.parent_watch import die_with_parent
 from runtime.process.core_messages import Dead, Delta, Ready, Refused, Shutdown, Step, ToCore
 from runtime.process.precompile import compile_missing

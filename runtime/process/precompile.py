@@ -15,7 +15,8 @@ import subprocess
 import sys
 import time
 
-from runtime.engine.engine import Engine, EngineConfig
+from runtime.core.config import EngineConfig
+from runtime.engine.engine import Engine
 from runtime.executor.parent_watch import arm_death_signal
 
 log = logging.getLogger("v4serve")

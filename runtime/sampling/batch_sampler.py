@@ -1,7 +1,7 @@
 """Sampling of a whole launch on the device: every row at once, one host copy per step.
 
 vLLM's semantics over rows [N, vocab], each row with its own parameters (RowParams,
-runtime/device/sampling_state.py):
+runtime/sampling/sampling_state.py):
 
     logit bias, then penalties (repetition over prompt + output, presence and frequency
     over the output), then the grammar mask, then greedy (temperature < SAMPLING_EPS) or

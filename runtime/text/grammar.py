@@ -4,7 +4,7 @@ A constraint (StructuredOutputs: a JSON schema, any JSON object, a regex, a choi
 strings or a Lark/GBNF grammar) compiles to an llguidance grammar; llguidance's matcher
 follows the output token by token and gives, for the next position, a bitmask over the
 vocabulary ([ceil(V / 32)] int32, bit t of word t // 32 set = token t allowed). The sampler
-sets every disallowed logit to -inf (runtime/device/batch_sampler.py), so the mask changes which
+sets every disallowed logit to -inf (runtime/sampling/batch_sampler.py), so the mask changes which
 token is drawn, never how: greedy, seeded draws and MTP verification stay what they are on
 the masked distribution.
 

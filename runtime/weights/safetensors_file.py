@@ -16,12 +16,12 @@ import torch
 
 from contract.safetensors_header import SafetensorsError, SafetensorsHeader
 
-__all__ = ["SafetensorsError", "SafetensorsFile", "torch_dtype"]
+__all__ = ["SafetensorsError", "SafetensorsFile", "stored_dtype"]
 
 
 @functools.cache
-def torch_dtype(name: str) -> torch.dtype:
-    """The torch dtype of a safetensors dtype name."""
+def stored_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a safetensors dtype name (F32, BF16, F8_E4M3, ...)."""
     return {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
             "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
             "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
@@ -35,14 +35,12 @@ class SafetensorsFile(SafetensorsHeader):
 
     def read(self, name: str) -> torch.Tensor:
         """The tensor `name`, in memory of its own (host, as stored)."""
-        entry = self._entries[name]
-        begin, end = entry["data_offsets"]
-        buffer = torch.empty(end - begin, dtype=torch.uint8)
+        offset, length = self.span(name)
+        buffer = torch.empty(length, dtype=torch.uint8)
         view, done = memoryview(buffer.numpy()), 0
         while done < len(view):
-            got = os.preadv(self._fd, [view[done:]], self._base + begin + done)
+            got = os.preadv(self.fd, [view[done:]], offset + done)
             if got == 0:
                 raise SafetensorsError(f"{self.path}: truncated in tensor {name}")
             done += got
-        return buffer.view(torch_dtype(entry["dtype"])).view(entry["shape"])
-
+        return buffer.view(stored_dtype(self.dtype(name))).view(self.shape(name))

@@ -4,7 +4,7 @@ codegen/cli.py, which `python -m codegen` also runs).
 
     codegen, spec new   specs -> generated/          codegen/cli.py
     plan                a spec's capacity on a device plan.py
-    compile             the compiled backend's graphs compile.py
+    compile             the compiled backend's graphs compile_graphs.py
     generate            offline generation            generate.py
     serve               the OpenAI-compatible server  serve.py
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 
 from codegen import cli as codegen_cli
-from server.cli import compile, generate, plan, serve
+from server.cli import compile_graphs, generate, plan, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     codegen_cli.add_parser(sub)
     codegen_cli.add_spec_parser(sub)
     generate.add_parser(sub)
-    compile.add_parser(sub)
+    compile_graphs.add_parser(sub)
     plan.add_parser(sub)
     serve.add_parser(sub)
     return parser

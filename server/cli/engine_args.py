@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 from server.cli.spec_check import default_model, load_current
 
 if TYPE_CHECKING:
-    from runtime.engine.engine import Engine, EngineConfig
+    from runtime.core.config import EngineConfig
+    from runtime.engine.engine import Engine
 
 def engine_command(subparsers: argparse._SubParsersAction, name: str, summary: str,
                    description: str) -> argparse.ArgumentParser:
@@ -186,8 +187,9 @@ def run_other_node(args: argparse.Namespace) -> int | None:
 
 def build_engine(args: argparse.Namespace) -> Engine:
     """The engine for these flags, or SystemExit with a one-line reason."""
-    from runtime.engine.engine import ConfigError, Engine
+    from runtime.engine.engine import Engine
     from runtime.executor.workers import WorkerDied
+    from runtime.planning.admission import ConfigError
     from runtime.weights.loader import CheckpointError
 
     try:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from codegen.pipeline import generate
-from contract.abi import ABIError, pool_bytes
+from contract.abi import ABIError
 from runtime.device.launcher import Launcher
 from runtime.device.pools import allocate_mtp_state, allocate_pools
 from tests.conftest import import_fresh, replace_once
@@ -76,7 +76,8 @@ def test_pools_allocate_stacked_tensors_with_a_scratch_page(alt):
     assert pools.cmp_c4.shape == (4, 2, 7, 32, 128)
     assert pools.hca_state.shape == (4, 1, 7, 8, 256)
     assert alt.pools.GROUPS["cmp_c4"].table_width == 4096 // 4 // 32
-    assert pool_bytes(alt.pools.GROUPS, _blocks(alt, 6)) == sum(
+    groups = alt.pools.GROUPS
+    assert sum(groups[g].block_bytes * n for g, n in _blocks(alt, 6).items()) == sum(
         t[0, :, :-1].numel() * t.element_size() for t in vars(pools).values())
     mtp = allocate_mtp_state(alt)
     assert mtp.slots.shape == (4, 17, 4) and mtp.hidden.shape == (4, 17, 4, 256)

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import generated
+from runtime.core.config import EngineConfig
 from runtime.core.sampling_params import SamplingParams
-from runtime.engine.engine import Engine, EngineConfig
+from runtime.engine.engine import Engine
 from runtime.text.tokenizer import Tokenizer
 from runtime.weights.loader import load_params
 from tests.conftest import REPO

@@ -146,7 +146,8 @@ def test_rank_processes_hold_their_own_packed_experts_and_give_the_same_tokens(c
                                                                               released):
     """--distributed-executor-backend mp: each rank reads its own FP4 experts (the
     all-to-all MoE dequantizes them there) and the outputs are the single process's."""
-    from runtime.engine.engine import Engine, EngineConfig
+    from runtime.core.config import EngineConfig
+    from runtime.engine.engine import Engine
 
     outputs, info = {}, None
     for executor in ("uni", "mp"):

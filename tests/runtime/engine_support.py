@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import torch
 
+from runtime.core.config import EngineConfig
 from runtime.core.sampling_params import SamplingParams
-from runtime.engine.engine import Engine, EngineConfig
+from runtime.engine.engine import Engine
 from runtime.model.forward import logits, main_model
 from runtime.model.paging import Segment
 from runtime.text.detokenizer import Detokenizer

@@ -1,4 +1,4 @@
-"""The sampling oracle: what one row of runtime/device/batch_sampler.py must sample from, written
+"""The sampling oracle: what one row of runtime/sampling/batch_sampler.py must sample from, written
 from vLLM's semantics alone.
 
 It is independent of the sampler by construction: numpy float64, one row at a time,

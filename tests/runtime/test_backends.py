@@ -17,10 +17,12 @@ from runtime.backends import (
 )
 from runtime.backends.dryrun import DryRunBackend
 from runtime.backends.torch_backend import TorchBackend
+from runtime.core.config import EngineConfig
 from runtime.device.launcher import Launcher
 from runtime.device.pools import allocate_pools
-from runtime.engine.engine import ConfigError, EngineConfig, _check_executor
+from runtime.engine.engine import _check_executor
 from runtime.executor.executor import backend_name
+from runtime.planning.admission import ConfigError
 
 tiny = generated.load("tiny")
 
@@ -197,4 +199,4 @@ def test_the_engine_reads_a_backends_capabilities(delegating):
         _check_executor(EngineConfig(backend="delegating", distributed_executor_backend="mp"),
                         REF)
     engine = make_engine(reference_params(), backend="delegating", defer_compile=True)
-    assert delegating.defer and not engine.runner.compiles()
+    assert delegating.defer and not engine.executor.compiles()

@@ -1,4 +1,4 @@
-"""runtime/device/batch_sampler.py against the oracle (tests/runtime/sampling_oracle.py), with
+"""runtime/sampling/batch_sampler.py against the oracle (tests/runtime/sampling_oracle.py), with
 the per-request state built as the model runner builds it (SamplingState.admit,
 row_params, penalties, count):
 

@@ -11,14 +11,16 @@ import pytest
 import torch
 
 import generated
+from runtime.core.config import EngineConfig
 from runtime.core.prefix_cache import Layout
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.scheduler import PrefillChunk, SchedulerOutput
-from runtime.engine.engine import ConfigError, Engine, EngineConfig
+from runtime.engine.engine import Engine
 from runtime.executor.step_plan import localize
 from runtime.executor.workers import free_port, node_ranks, resolve
 from runtime.planning import capacity
+from runtime.planning.admission import ConfigError
 from runtime.text.grammar import StructuredOutputs
 from runtime.weights.loader import bytes_per_rank, load_params
 from server.cli.spec_check import default_model

@@ -7,8 +7,8 @@ import pytest
 from runtime.backends import torch_backend
 from runtime.core.prefix_cache import Layout
 from runtime.core.sampling_params import SamplingParams
-from runtime.engine.engine import ConfigError
 from runtime.planning import capacity
+from runtime.planning.admission import ConfigError
 from tests.model.support import REF, reference_params
 from tests.runtime.engine_support import (
     GREEDY,
@@ -211,7 +211,7 @@ def test_preempted_requests_come_back_with_a_new_slot_generation(params):
         for rank, running in enumerate(engine.scheduler.running):
             for request in running:
                 if request.output_ids and not request.prefilling:
-                    device = engine.runner.mtp.slots[rank, request.slot]
+                    device = engine.executor.mtp.slots[rank, request.slot]
                     assert int(device[REF.pools.MtpField.GENERATION]) \
                         == request.slot_generation
     assert engine.scheduler.num_preemptions > 0
@@ -242,7 +242,7 @@ def test_the_seed_in_sampling_params_makes_a_request_repeatable(params):
 def test_a_logit_bias_is_written_once_per_request_and_steers_every_step(params,
                                                                          monkeypatch):
     """A full-vocabulary bias becomes the request's dense row once, when it gets its
-    state slot, not once per step (runtime/device/sampling_state.py)."""
+    state slot, not once per step (runtime/sampling/sampling_state.py)."""
     from runtime.sampling.sampling_state import SamplingState
 
     writes, real = [], SamplingState._set_bias

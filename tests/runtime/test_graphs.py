@@ -54,6 +54,6 @@ def test_engine_warmup_runs_every_launch_of_a_compiling_backend_only():
                            ("torch", False)):
         engine = make_engine(params, backend=backend)
         calls = []
-        engine.runner.warmup = lambda calls=calls: calls.append(1)
+        engine.executor.warmup = lambda calls=calls: calls.append(1)
         engine.warmup()
         assert bool(calls) == warms, backend

@@ -14,7 +14,7 @@ import pytest
 
 import generated
 from bench.quantize import quantize_checkpoint
-from runtime.engine.engine import EngineConfig
+from runtime.core.config import EngineConfig
 from runtime.planning import capacity
 from runtime.planning.admission import Admission, ConfigError
 from runtime.planning.memory_plan import MemoryPlan, parse_bytes, weight_bytes

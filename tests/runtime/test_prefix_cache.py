@@ -13,12 +13,12 @@ import torch
 
 from runtime.core.block_pool import BlockPool
 from runtime.core.cache_manager import CacheManager, PageCopy
+from runtime.core.config import EngineConfig
 from runtime.core.mtp_slots import SlotTable
 from runtime.core.prefix_cache import Layout, Unsupported
 from runtime.core.request import Request, Status
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.scheduler import Scheduler, SchedulerConfig
-from runtime.engine.engine import EngineConfig
 from runtime.planning import capacity
 from runtime.planning.admission import Admission
 from tests.model.support import FIXTURE, REF, reference_params
@@ -372,7 +372,7 @@ def test_hits_give_the_uncached_outputs_and_logprobs(params, backend, k, extent)
 
 def _window(engine, request) -> torch.Tensor:
     """The sliding-window rows [end - 127, end) of every layer (the MTP layer's too)."""
-    end, pool = request.num_computed, engine.runner.pools.ori
+    end, pool = request.num_computed, engine.executor.pools.ori
     return torch.stack([pool[request.rank, :, request.blocks["ori"][(p // BLOCK) % 3],
                              p % BLOCK] for p in range(max(0, end - 127), end)], 1)
 

@@ -8,8 +8,9 @@ import jsonschema
 import pytest
 
 import generated
+from runtime.core.config import EngineConfig
 from runtime.core.sampling_params import SamplingParams
-from runtime.engine.engine import Engine, EngineConfig
+from runtime.engine.engine import Engine
 from runtime.planning import capacity
 from runtime.text.grammar import GrammarError, StructuredOutputs, Vocabulary
 from runtime.text.tokenizer import Tokenizer

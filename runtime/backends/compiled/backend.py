@@ -4,7 +4,7 @@ Each model the backend sees is wrapped once in a CompiledModel (its layers as gr
 arguments); each launch runs kernels.<kind> on the rows it carries. On cuda, a decode
 launch is one CUDA graph per (kernel, context bucket, row count padded to a multiple of
 the decode batch), captured on first use and replayed after: the launch's row index is
-copied into the graph's static buffer, every other input already sits in the wrapper's
+copied into the graph's static buffer, every other input already sits in the launcher's
 staging buffers. Graphs compile on first use, or at warmup; see graphs.py.
 """
 from __future__ import annotations
@@ -21,12 +21,13 @@ from runtime.backends.compiled.model import CompiledModel
 
 class CompiledBackend(Backend):
     name = "compiled"
-    distributed = True                   # its MoE runs over expert_parallel's group
 
     def __init__(self, mode: str | None = None):
         self.mode = mode                 # None: by device (compile on cpu, cudagraph on cuda)
         # --enforce-eager runs "compiled-eager" instead (trace mode stays: a check)
         self.eager_variant = None if mode in ("eager", "trace") else "compiled-eager"
+        # its MoE runs over expert_parallel's group; trace mode (a check) in one process
+        self.distributed = mode != "trace"
         self.defer = False               # graphs not compiled yet run eagerly (see graphs.py)
         self.graphs: Graphs | None = None
         self._models: dict[int, CompiledModel] = {}
@@ -49,7 +50,7 @@ class CompiledBackend(Backend):
 
     def launch(self, kernel: KernelABI, args) -> None:
         model = self.model(kernel, args.weights)
-        run = getattr(kernels, kernel.kind)
+        run = kernels.BY_KIND[kernel.kind]
         with torch.inference_mode():
             if kernel.kind == "prefill_main":
                 run(model, kernel, args)

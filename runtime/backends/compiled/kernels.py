@@ -2,7 +2,7 @@
 calls, and where the results go. No Python loop over requests, segments, ranks or
 experts and no host sync: the rows in use (live_rows, from the staged metadata's host
 copies) are gathered on the device, run as one call (a main prefill: one call per tile
-of its extent), and scattered back into the wrapper's output buffers.
+of its extent), and scattered back into the launcher's output buffers.
 
     decode       the launch's live rows, [N, seq]
     decode_mtp   the same; [tail, drafts] built on the device from the MTP slots, and a
@@ -126,7 +126,7 @@ class Walk:
             else -(-int(self.lens.max(initial=0)) // self.tile)
         self.slots = lens.shape[1]
         self.device = args.token_ids.device
-        self.mtp = _flat(args.mtp_hidden) if hasattr(args, "mtp_hidden") else None
+        self.mtp = _flat(args.mtp_hidden) if "mtp_hidden" in args._fields else None
         hc, dim = args.weights.args.hc_mult, args.weights.args.dim
         self.last = torch.zeros((lens.size, hc, dim), dtype=args.weights.dtype,
                                 device=self.device)
@@ -185,3 +185,8 @@ def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """The concatenation of arange(s, s + c) for every (s, c)."""
     offsets = np.repeat(starts - np.cumsum(counts) + counts, counts)
     return offsets + np.arange(int(counts.sum()))
+
+
+# The function that runs each kernel kind: (model, kernel, args, live row index).
+BY_KIND = {"prefill_main": prefill_main, "prefill_mtp": prefill_mtp, "decode": decode,
+           "decode_mtp": decode_mtp}
