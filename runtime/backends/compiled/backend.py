@@ -55,15 +55,27 @@ class CompiledBackend(Backend):
             if kernel.kind == "prefill_main":
                 run(model, kernel, args)
                 return
+            if expert_parallel.active() and kernel.kind.startswith("decode"):
+                with expert_parallel.fixed_rows():      # every rank: every row of the layout
+                    self._decode(model, kernel, args, _every_row(args), run)
+                return
             rows = kernels.live_rows(kernel, args)
             if not len(rows):
                 if not expert_parallel.active() or kernel.kind == "prefill_mtp":
                     return
                 rows = np.zeros(1, np.int64)   # an empty row: its MoE joins the others'
                 # collectives, its writes land on scratch pages
-            if self.graphs.mode == "cudagraph" and kernel.kind.startswith("decode"):
-                self._replay(model, kernel, args, rows, run)
+            if kernel.kind.startswith("decode"):
+                self._decode(model, kernel, args, rows, run)
                 return
+            run(model, kernel, args, torch.from_numpy(rows).to(_device(args)))
+
+    def _decode(self, model: CompiledModel, kernel: KernelABI, args, rows: np.ndarray,
+                run) -> None:
+        """A decode launch on `rows`: replayed from a CUDA graph, or run."""
+        if self.graphs.mode == "cudagraph":
+            self._replay(model, kernel, args, rows, run)
+        else:
             run(model, kernel, args, torch.from_numpy(rows).to(_device(args)))
 
     def _replay(self, model: CompiledModel, kernel: KernelABI, args, rows: np.ndarray,
@@ -98,6 +110,11 @@ class _Captured:
             with torch.cuda.graph(self.graph):
                 launch(self.index)
         self.graph.replay()
+
+
+def _every_row(args) -> np.ndarray:
+    """Every row of a launch, empty ones included (their writes land on scratch pages)."""
+    return np.arange(args.logits.shape[0] * args.logits.shape[1])
 
 
 def _padding(kernel: KernelABI, args, count: int) -> torch.Tensor:

@@ -1,0 +1,112 @@
+"""The expert-parallel MoE on eight ranks: the static-shape path decode launches take
+(all-gather, local experts, all-reduce) equals the all-to-all path and the local MoE, and
+never reads a device value on the host nor makes a shape from one (what a CUDA graph
+cannot capture): run under FakeTensorMode, where either raises."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+)
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from runtime.backends.compiled import expert_parallel
+from runtime.backends.compiled.moe import routed
+
+RANKS, LOCAL, ROWS, TOP, DIM, INTER = 8, 2, 6, 3, 16, 12
+
+
+def _inputs(seed: int) -> tuple[torch.Tensor, ...]:
+    """One rank's rows and routes, and every expert's weights (the same on every rank)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(ROWS, DIM, generator=gen)
+    chosen = torch.stack([torch.randperm(RANKS * LOCAL, generator=gen)[:TOP]
+                          for _ in range(ROWS)])
+    weights = torch.rand(ROWS, TOP, generator=gen)
+    gen = torch.Generator().manual_seed(1000)
+    w13 = torch.randn(RANKS * LOCAL, 2 * INTER, DIM, generator=gen)
+    w2 = torch.randn(RANKS * LOCAL, DIM, INTER, generator=gen)
+    return x, chosen, weights, w13, w2
+
+
+def _rank(rank: int, store: str, failures) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                            world_size=RANKS)
+    try:
+        x, chosen, weights, w13, w2 = _inputs(rank)
+        mine = slice(rank * LOCAL, (rank + 1) * LOCAL)
+        group = dist.group.WORLD
+        exchanged = expert_parallel.exchanged_moe(x, chosen, weights, w13[mine], w2[mine],
+                                                  10.0, group)
+        gathered = expert_parallel.gathered_moe(x, chosen, weights, w13[mine], w2[mine],
+                                                10.0, group)
+        local = routed(x, chosen, weights, w13, w2, 10.0)
+        torch.testing.assert_close(gathered, exchanged, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(gathered, local, rtol=1e-4, atol=1e-4)
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        failures.put(f"rank {rank}: {exc}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_the_gathered_moe_equals_the_exchanged_and_the_local_one_on_eight_ranks(tmp_path):
+    failures = mp.get_context("spawn").SimpleQueue()
+    mp.start_processes(_rank, args=(str(tmp_path / "store"), failures), nprocs=RANKS,
+                       start_method="spawn")
+    errors = []
+    while not failures.empty():
+        errors.append(failures.get())
+    assert errors == []
+
+
+@pytest.fixture
+def fake_group():
+    """A fake process group of RANKS ranks in this process (collectives do nothing)."""
+    dist.init_process_group("fake", store=FakeStore(), rank=3, world_size=RANKS)
+    expert_parallel.enable(dist.group.WORLD)
+    try:
+        yield
+    finally:
+        expert_parallel.enable(None)
+        dist.destroy_process_group()
+
+
+def _fake_inputs() -> tuple[FakeTensorMode, tuple[torch.Tensor, ...]]:
+    """Rank 3's inputs as fake tensors: their shapes and dtypes, no values to read."""
+    x, chosen, weights, w13, w2 = _inputs(0)
+    mode = FakeTensorMode()
+    real = (x, chosen, weights, w13[:LOCAL].clone(), w2[:LOCAL].clone())
+    return mode, tuple(mode.from_tensor(t) for t in real)
+
+
+# The implementations themselves: the op's registered fake would stand in for them.
+def test_the_decode_moe_never_syncs_with_the_host(fake_group):
+    mode, inputs = _fake_inputs()
+    with mode:
+        out = expert_parallel.gathered_moe(*inputs, 10.0, dist.group.WORLD)
+    assert out.shape == (ROWS, DIM)
+
+
+def test_the_check_catches_the_all_to_all_moe_reading_its_splits(fake_group):
+    mode, inputs = _fake_inputs()
+    with mode, pytest.raises((DataDependentOutputException, DynamicOutputShapeException)):
+        expert_parallel.exchanged_moe(*inputs, 10.0, dist.group.WORLD)
+
+
+def test_decode_launches_take_the_static_path(fake_group, monkeypatch):
+    taken = []
+    for path in ("gathered_moe", "exchanged_moe"):
+        monkeypatch.setattr(expert_parallel, path,
+                            lambda *a, path=path: taken.append(path) or a[0])
+    x, chosen, weights, w13, w2 = _inputs(0)
+    with expert_parallel.fixed_rows():
+        expert_parallel.ep_moe(x, chosen, weights, w13[:LOCAL], w2[:LOCAL], 10.0)
+    expert_parallel.ep_moe(x, chosen, weights, w13[:LOCAL], w2[:LOCAL], 10.0)
+    assert taken == ["gathered_moe", "exchanged_moe"]
