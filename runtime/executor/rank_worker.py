@@ -51,6 +51,13 @@ def device_of(kind: str, local_rank: int) -> torch.device:
     return torch.device("cpu") if kind == "cpu" else torch.device(kind, local_rank)
 
 
+def select(device: torch.device) -> None:
+    """Make `device` the process's current one (cuda, or npu with torch_npu): NCCL and HCCL
+    run a rank's collectives on the current device, where its tensors must be."""
+    if device.type != "cpu":
+        torch.get_device_module(device).set_device(device)
+
+
 def process_group_backend(kind: str) -> str:
     return {"cuda": "nccl", "npu": "hccl"}.get(kind, "gloo")
 
@@ -60,8 +67,7 @@ class RankWorker:
         spec = generated.load(config.spec)
         kind = config.device or spec.contract.DEVICE
         self.rank, self.device = rank, device_of(kind, local_rank)
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
+        select(self.device)
         dist.init_process_group(
             process_group_backend(kind), rank=rank, world_size=spec.contract.RANKS,
             init_method=f"tcp://{config.master_addr}:{config.master_port}",

@@ -110,3 +110,41 @@ def test_decode_launches_take_the_static_path(fake_group, monkeypatch):
         expert_parallel.ep_moe(x, chosen, weights, w13[:LOCAL], w2[:LOCAL], 10.0)
     expert_parallel.ep_moe(x, chosen, weights, w13[:LOCAL], w2[:LOCAL], 10.0)
     assert taken == ["gathered_moe", "exchanged_moe"]
+
+
+@pytest.mark.parametrize("path", ["_looped_mm", "_masked_mm"])
+def test_the_grouped_matmul_fallbacks_use_each_experts_own_weights(path):
+    from runtime.backends.compiled import moe
+
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(11, 8, generator=gen), torch.randn(3, 8, 5, generator=gen)
+    offs = torch.tensor([2, 2, 9], dtype=torch.int32)       # expert 1 has no rows; 2 left
+    want = torch.cat([a[:2] @ b[0], a[2:9] @ b[2], torch.zeros(2, 5)])
+    torch.testing.assert_close(getattr(moe, path)(a, b, offs), want)
+
+
+# npu is torch_npu's name for the privateuse1 device; here a process renames it so.
+SELECT = """
+import sys, torch
+if sys.argv[1] == "npu":
+    torch.utils.rename_privateuse1_backend("npu")
+from runtime.executor import rank_worker
+chosen = []
+module = type("DeviceModule", (), {"set_device": staticmethod(chosen.append)})
+torch.get_device_module = lambda device: module
+device = rank_worker.device_of(sys.argv[1], 3)
+rank_worker.select(device)
+assert chosen == [device] and str(device) == sys.argv[1] + ":3", (chosen, device)
+"""
+
+
+@pytest.mark.parametrize("kind", ["cuda", "npu"])
+def test_a_rank_worker_selects_its_device(kind):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    done = subprocess.run([sys.executable, "-c", SELECT, kind], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

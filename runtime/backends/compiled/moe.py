@@ -18,12 +18,36 @@ _LIB.define("grouped_mm(Tensor a, Tensor b, Tensor offs) -> Tensor")
 
 
 def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """a [M, K] in expert runs ending at offs [E] (int32), b [E, K, N] -> [M, N]."""
+    """a [M, K] in expert runs ending at offs [E] (int32), b [E, K, N] -> [M, N]; rows
+    past the last run are zeros."""
     if a.device.type == "cpu" or a.dtype == torch.bfloat16:
         return torch._grouped_mm(a, b, offs=offs)
-    # where no grouped kernel takes this dtype: each row's expert matrix, gathered
-    expert = torch.searchsorted(offs, torch.arange(a.shape[0], device=a.device), right=True)
-    return torch.bmm(a[:, None, :], b[expert.clamp(max=b.shape[0] - 1)])[:, 0]
+    # where no grouped kernel takes this dtype: each expert's own matrix, never a copy of
+    # it per row ([M, K, N] would be tens of GB at V4-Flash sizes)
+    if a.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return _masked_mm(a, b, offs)
+    return _looped_mm(a, b, offs)
+
+
+def _looped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """One matmul per expert on its run of rows (the run bounds read on the host)."""
+    out = a.new_zeros(a.shape[0], b.shape[-1])
+    bounds = [0, *offs.tolist()]
+    for expert, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+        if hi > lo:
+            out[lo:hi] = a[lo:hi] @ b[expert]
+    return out
+
+
+def _masked_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """Every row through every expert, each kept where it is the row's (no host read: what
+    a CUDA graph captures; E times the work, for the few rows of a decode launch)."""
+    row = torch.arange(a.shape[0], device=a.device)
+    expert = torch.searchsorted(offs, row, right=True)
+    out = a.new_zeros(a.shape[0], b.shape[-1])
+    for e in range(b.shape[0]):
+        out = torch.where((expert == e)[:, None], a @ b[e], out)
+    return out
 
 
 _LIB.impl("grouped_mm", _grouped_mm, "CompositeExplicitAutograd")
