@@ -148,3 +148,83 @@ def test_a_rank_worker_selects_its_device(kind):
     done = subprocess.run([sys.executable, "-c", SELECT, kind], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+# -- whole decode launches ---------------------------------------------------------------
+# A rank worker's decode launch (one rank, its share of the experts, the fake group of
+# eight) or the single-process one (every rank, every expert), run under FakeTensorMode:
+# the staged inputs are fake, so any read of a device value on the host, or a shape made
+# from one, anywhere in the launch raises.
+
+def _decode_launch(k: int, ep: bool) -> tuple:
+    import numpy as np
+
+    from runtime.device.launcher import Launcher
+    from runtime.device.pools import allocate_mtp_state, allocate_pools
+    from runtime.weights.loader import load_params
+    from tests.model.support import FIXTURE, REF
+
+    ranks = 1 if ep else REF.contract.RANKS
+    params = load_params(FIXTURE, REF, held=range(3, 4) if ep else None)
+    kernel = REF.kernels.DECODE_BY_K[k]
+    rows, seq = kernel.rows, kernel.seq
+    mode = FakeTensorMode(allow_non_fake_inputs=True)      # the weights stay real
+    with mode:
+        launcher = Launcher(kernel, backend="compiled-eager", ranks=ranks)
+        given = {f"block_table_{g}": np.zeros((ranks, rows, group.table_width), np.int32)
+                 for g, group in REF.pools.GROUPS.items()}
+        given.update(pools=allocate_pools(REF, {g: 8 for g in REF.pools.GROUPS},
+                                          ranks=ranks), weights=params, context=100)
+    if k:
+        words = (REF.architecture.CONFIG["vocab_size"] + 31) // 32
+        given.update(slot_ids=np.zeros((ranks, rows), np.int32),
+                     slot_gens=np.ones((ranks, rows), np.int64),
+                     draft_mask=np.full((ranks, rows, words), -1, np.int32))
+        with mode:
+            given["mtp"] = allocate_mtp_state(REF, ranks=ranks)
+    else:
+        given.update(token_ids=np.ones((ranks, rows, seq), np.int64),
+                     positions=np.full((ranks, rows), 50, np.int32),
+                     row_lens=np.ones((ranks, rows), np.int32))
+    return mode, launcher, given
+
+
+@pytest.fixture
+def fake_eight(request, monkeypatch):
+    """Expert parallelism over a fake group of eight (this process is rank 3), or none.
+    The layers call the MoE's implementation itself: under FakeTensorMode the operator
+    would run its registered fake instead, which checks nothing."""
+    if not request.param:
+        yield False
+        return
+    from runtime.backends.compiled import forward
+
+    monkeypatch.setattr(forward, "ep_moe", expert_parallel._ep_moe)
+    dist.init_process_group("fake", store=FakeStore(), rank=3, world_size=RANKS)
+    expert_parallel.enable(dist.group.WORLD)
+    try:
+        yield True
+    finally:
+        expert_parallel.enable(None)
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fake_eight", [False, True], indirect=True, ids=["uni", "ep8"])
+@pytest.mark.parametrize("k", [0, 1])
+def test_every_decode_launch_is_static(k, fake_eight):
+    mode, launcher, given = _decode_launch(k, fake_eight)
+    with mode:
+        out = launcher.launch(**given)
+    assert out.logits.shape[:2] == (launcher.ranks, launcher.kernel.rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fake_eight", [True], indirect=True, ids=["ep8"])
+def test_the_launch_check_catches_a_decode_on_the_all_to_all_moe(fake_eight, monkeypatch):
+    from contextlib import nullcontext
+
+    monkeypatch.setattr(expert_parallel, "fixed_rows", nullcontext)
+    mode, launcher, given = _decode_launch(0, fake_eight)
+    with mode, pytest.raises((DataDependentOutputException, DynamicOutputShapeException)):
+        launcher.launch(**given)
