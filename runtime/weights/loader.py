@@ -78,15 +78,18 @@ def _same(got: Any, want: Any) -> bool:
     return got == want
 
 
-def load_params(directory: str | Path, spec: Any, device: str | torch.device = "cpu",
+def load_params(directory: str | Path | None, spec: Any, device: str | torch.device = "cpu",
                 dtype: torch.dtype | None = None, held: range | None = None,
-                weight_format: str | None = None) -> ModelParams:
+                weight_format: str | None = None, checkpoint: Any = None) -> ModelParams:
     """Load a checkpoint for a generated spec package (generated.<name>): the dense
     tensors and the routed experts of the ranks `held` (default: every rank), quantized
-    tensors as released or dequantized (`weight_format`, default the spec's)."""
-    directory = Path(directory)
+    tensors as released or dequantized (`weight_format`, default the spec's). From the
+    safetensors files of `directory`, or from `checkpoint` (a FakeCheckpoint: the
+    release's shapes and dtypes, no data)."""
     config = spec.architecture.CONFIG
-    check_config(directory, config, spec.SPEC_PATH)
+    if checkpoint is None:
+        directory = Path(directory)
+        check_config(directory, config, spec.SPEC_PATH)
     args = ModelArgs.from_config(config)
     dtype = dtype or getattr(torch, spec.contract.DTYPE)
     as_released = (weight_format or spec.contract.WEIGHTS_FORMAT) == "as_released"
@@ -94,7 +97,7 @@ def load_params(directory: str | Path, spec: Any, device: str | torch.device = "
     ranks = spec.contract.EP
     held = held if held is not None else range(ranks)
     per = args.n_experts // ranks
-    with _Reader(directory) as reader:
+    with checkpoint or _Reader(directory) as reader:
         shapes = expected_shapes(args)
         _check_names(reader, shapes, directory)
         dense: dict[str, torch.Tensor] = {}

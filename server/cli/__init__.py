@@ -4,6 +4,7 @@ codegen/cli.py, which `python -m codegen` also runs).
 
     codegen, spec new   specs -> generated/          codegen/cli.py
     plan                a spec's capacity on a device plan.py
+    rehearse            a spec's launches, fake tensors rehearse.py
     compile             the compiled backend's graphs compile_graphs.py
     generate            offline generation            generate.py
     serve               the OpenAI-compatible server  serve.py
@@ -17,7 +18,7 @@ from __future__ import annotations
 import argparse
 
 from codegen import cli as codegen_cli
-from server.cli import compile_graphs, generate, plan, serve
+from server.cli import compile_graphs, generate, plan, rehearse, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_parser(sub)
     compile_graphs.add_parser(sub)
     plan.add_parser(sub)
+    rehearse.add_parser(sub)
     serve.add_parser(sub)
     return parser
 

@@ -1,0 +1,161 @@
+"""A deployment rehearsed without its hardware: one rank of a spec's replica, at full
+size, on fake tensors.
+
+Under FakeTensorMode every tensor has its real shape, dtype and device and no storage,
+so V4-Flash's or V4-Pro's weights (their release's dtypes, this rank's share of the
+experts; runtime/weights/fake_checkpoint.py), pools sized for the deepest context and
+every launch's staging buffers cost no memory. The ranks' collectives go to a fake
+process group of the spec's world size (they return at once). Each launch the engine can
+issue runs at its largest shapes, every row live, through the compiled backend's graphs
+run as written (no compile), with the static-shape MoE of decode launches taking the
+place of the operator's registered fake; MemTracker measures each launch's peak: the
+workspace it allocates beyond the weights and pools. A device-side error (an op refusing a
+dtype, a shape that does not fit, a host read of a device value) fails the launch and
+names it.
+
+The fake tensors stand on the CPU device: this CPU build of torch refuses a fake cuda
+device at the first matmul ("PyTorch is not linked with support for cuda devices", from
+its device guard), so device placement is not what this rehearses.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import ModuleType
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from contract.abi import EXTENT, RANKS, KernelABI
+from runtime.backends.arg_checks import torch_dtype
+from runtime.backends.compiled import expert_parallel, forward
+from runtime.device.launcher import Launcher
+from runtime.device.pools import allocate_mtp_state, allocate_pools
+from runtime.weights.fake_checkpoint import FakeCheckpoint
+from runtime.weights.loader import load_params
+
+
+@dataclass
+class Rehearsed:
+    """One launch of the rehearsal."""
+
+    kernel: str
+    context: int                 # positions the rows reach
+    rows: int                    # tokens the launch carries on this rank
+    peak_bytes: int | None       # MemTracker's peak during the launch (None: it failed)
+    seconds: float
+    error: str | None = None
+
+
+class Rehearsal:
+    """Rank `rank` of `spec`'s replica, every other rank a fake one."""
+
+    def __init__(self, spec: ModuleType, rank: int = 0, k: int | None = None):
+        self.spec, self.rank = spec, rank
+        self.k = spec.contract.DEFAULT_NUM_SPECULATIVE_TOKENS if k is None else k
+        self.mode = FakeTensorMode()
+        self.deepest = spec.contract.CONTEXT_BUCKETS[-1]
+        with self.mode:
+            self.params = load_params(None, spec, held=range(rank, rank + 1),
+                                      checkpoint=FakeCheckpoint(spec))
+            blocks = {g: group.table_width for g, group in spec.pools.GROUPS.items()}
+            self.pools = allocate_pools(spec, blocks, ranks=1)
+            self.mtp = allocate_mtp_state(spec, ranks=1) if self.k else None
+
+    def launches(self, prefill_extent: int | None = None,
+                 contexts: tuple[int, ...] | None = None) -> Iterator[Rehearsed]:
+        """Every launch kind: each decode layout up to K at every context (default: the
+        spec's buckets), the main prefill of `prefill_extent` rows per slot (default: the
+        spec's max extent) at the deepest context, and the MTP prefill."""
+        c = self.spec.contract
+        for k in sorted(c.DECODE_LAYOUTS):
+            if k <= self.k:
+                for context in contexts or c.CONTEXT_BUCKETS:
+                    yield self.run(self.spec.kernels.DECODE_BY_K[k], context)
+        yield self.run(self.spec.kernels.PREFILL_MAIN, self.deepest,
+                       prefill_extent or c.MAX_EXTENT)
+        if self.k:
+            yield self.run(self.spec.kernels.PREFILL_MTP, self.deepest)
+
+    def run(self, kernel: KernelABI, context: int, extent: int | None = None) -> Rehearsed:
+        """One launch of `kernel` with every row live, its rows reaching `context`."""
+        with _FakeGroup(self.spec.contract.RANKS, self.rank), self.mode:
+            launcher = Launcher(kernel, backend="compiled-eager", ranks=1)
+            given = self._inputs(kernel, context, extent)
+            rows = kernel.rows * (extent or kernel.seq or self.spec.contract.MTP_WINDOW)
+            tracker, start = MemTracker(), time.perf_counter()
+            try:
+                with tracker, expert_parallel.fixed_rows():
+                    launcher.launch(**given)
+            except Exception as exc:  # noqa: BLE001 - reported, named by its launch
+                return Rehearsed(kernel.name, context, rows, None,
+                                 time.perf_counter() - start, f"{type(exc).__name__}: {exc}")
+            peak = tracker.get_tracker_snapshot("peak")
+            return Rehearsed(kernel.name, context, rows,
+                             max(v["Total"] for v in peak.values()),
+                             time.perf_counter() - start)
+
+    def _inputs(self, kernel: KernelABI, context: int, extent: int | None) -> dict:
+        """Every keyword of the kernel's launch: rows reaching `context`, all live."""
+        given = {"pools": self.pools, "weights": self.params}
+        if self.mtp is not None:
+            given["mtp"] = self.mtp
+        for arg in kernel.args:
+            if arg.role in ("input", "metadata", "scalar") and arg.name != "weights":
+                given[arg.name] = self._value(arg, kernel, context, extent)
+        return {key: value for key, value in given.items()
+                if key in _keywords(kernel)}
+
+    def _value(self, arg, kernel: KernelABI, context: int, extent: int | None):
+        dims = {RANKS: 1, EXTENT: extent}
+        shape = tuple(dims.get(d, d) for d in arg.shape)
+        if not arg.staged and arg.role == "input":          # a device tensor passed in
+            return torch.zeros(shape, dtype=torch_dtype(arg.dtype))
+        tokens = extent or kernel.seq or self.spec.contract.MTP_WINDOW
+        return _host_value(arg.name, shape, context, tokens, kernel.rows)
+
+
+def _host_value(name: str, shape: tuple, context: int, tokens: int, rows: int):
+    """Host data of a staged argument (or a scalar) for rows of `tokens` tokens ending at
+    `context`, every row live."""
+    if name.startswith("block_table_"):
+        return np.broadcast_to(np.arange(shape[-1], dtype=np.int32), shape).copy()
+    values = {
+        "token_ids": 1, "next_ids": 1, "slot_gens": 1, "draft_mask": -1,
+        "positions": context - tokens, "start_pos": context - tokens,
+        "row_lens": tokens, "chunk_lens": tokens, "num_rows": tokens,
+    }
+    if name == "slot_ids":
+        return np.arange(rows, dtype=np.int32)[None]
+    if name in ("context", "extent"):
+        return context if name == "context" else tokens
+    return np.full(shape, values[name], dtype=np.int64)     # staged as the buffer's dtype
+
+
+def _keywords(kernel: KernelABI) -> set[str]:
+    return {a.source.partition(".")[0] for a in kernel.args if a.role != "output"}
+
+
+class _FakeGroup:
+    """Expert parallelism over a fake process group of `ranks`, this process `rank`; the
+    layers call the MoE's implementation (its registered fake would check nothing)."""
+
+    def __init__(self, ranks: int, rank: int):
+        self.ranks, self.rank = ranks, rank
+
+    def __enter__(self) -> None:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        dist.init_process_group("fake", store=FakeStore(), rank=self.rank,
+                                world_size=self.ranks)
+        expert_parallel.enable(dist.group.WORLD)
+        self.op, forward.ep_moe = forward.ep_moe, expert_parallel._ep_moe
+
+    def __exit__(self, *exc: object) -> None:
+        forward.ep_moe = self.op
+        expert_parallel.enable(None)
+        dist.destroy_process_group()

@@ -1,0 +1,89 @@
+"""A checkpoint with every tensor a spec's release holds, at its real shape and stored
+dtype, and no data: what a rehearsal loads under FakeTensorMode (runtime/device/
+rehearsal.py), so that V4-Flash or V4-Pro's weights "load" on a machine without the
+memory for them. It answers what the loader asks of a real checkpoint (_Reader's
+questions), from the spec alone:
+
+    routed experts    packed FP4 (two values a byte, int8) with e8m0 scales per 32 inputs,
+                      when the spec's weights say `experts: fp4`
+    projections       FP8 e4m3 with e8m0 scales per 128 x 128 block, when `dense: fp8`
+    everything else   bfloat16 matrices, float32 vectors and mHC tensors, int32 ids
+"""
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+from contract.checkpoint_layout import (
+    FP4_GROUP,
+    FP8_BLOCK,
+    expected_shapes,
+    is_fp8_projection,
+    is_routed_expert,
+    keeps_float32,
+)
+from contract.model_args import ModelArgs
+from runtime.model import quant
+
+
+class FakeCheckpoint:
+    """The spec's release as tensors made by torch.empty (fake ones, under a fake mode)."""
+
+    def __init__(self, spec: ModuleType):
+        c = spec.contract
+        self.shapes = expected_shapes(ModelArgs.from_config(spec.architecture.CONFIG))
+        self.fp4 = {n for n in self.shapes if c.WEIGHTS_EXPERTS == "fp4" and
+                    is_routed_expert(n)}
+        self.fp8 = {n for n, s in self.shapes.items() if c.WEIGHTS_DENSE == "fp8" and
+                    is_fp8_projection(n, s)}
+
+    def __enter__(self) -> FakeCheckpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    # -- what the loader checks: a checkpoint made from the layout is always right --
+    def weight_names(self) -> set[str]:
+        return set(self.shapes)
+
+    def logical_shape(self, name: str) -> tuple[int, ...]:
+        return self.shapes[name]
+
+    def scale_names(self) -> list[str]:
+        return []
+
+    def unscaled_float8(self, name: str) -> bool:
+        return False
+
+    # -- how each tensor is stored --
+    def is_fp4(self, name: str) -> bool:
+        return name in self.fp4
+
+    def is_fp8(self, name: str) -> bool:
+        return name in self.fp8
+
+    def e8m0_scales(self, names: list[str]) -> bool:
+        return True
+
+    def raw(self, name: str, float_scale: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """A quantized tensor as stored and its scale (uint8 exponents, or float32)."""
+        out, inp = self.shapes[name]
+        if self.is_fp4(name):
+            data = torch.empty((out, inp // 2), dtype=torch.uint8)
+            scale = torch.empty((out, inp // FP4_GROUP), dtype=torch.uint8)
+        else:
+            data = torch.empty((out, inp), dtype=torch.float8_e4m3fn)
+            scale = torch.empty((-(-out // FP8_BLOCK), -(-inp // FP8_BLOCK)), dtype=torch.uint8)
+        return data, quant.scale_values(scale) if float_scale else scale
+
+    def load(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        """A tensor as stored, or dequantized to `dtype` if it is quantized."""
+        if self.is_fp4(name) or self.is_fp8(name):
+            return quant.dequantize(*self.raw(name), dtype)
+        shape = self.shapes[name]
+        if name.endswith("tid2eid"):
+            return torch.empty(shape, dtype=torch.int32)
+        stored = torch.float32 if keeps_float32(name, len(shape)) else torch.bfloat16
+        return torch.empty(shape, dtype=stored)

@@ -1,0 +1,70 @@
+"""The rehearsal runs every launch kind of a spec on fake tensors and a fake group of its
+ranks, measures each launch's peak, and names a launch that fails. CI rehearses the
+reference spec (the fixture's architecture, few layers); `v4serve rehearse --spec
+deepseek-v4-flash` is the full-size one (README)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import generated
+from runtime.device.rehearsal import Rehearsal
+from tests.conftest import REPO
+
+REF = generated.load("reference")
+
+
+@pytest.fixture(scope="module")
+def done():
+    return list(Rehearsal(REF).launches(prefill_extent=REF.contract.TILE))
+
+
+def test_every_launch_kind_runs_at_every_context(done):
+    assert [d.error for d in done] == [None] * len(done)
+    c = REF.contract
+    decode = [(d.kernel, d.context) for d in done if d.kernel.startswith("decode")]
+    assert decode == [(c.DECODE_LAYOUTS[k].kernel, ctx) for k in sorted(c.DECODE_LAYOUTS)
+                      for ctx in c.CONTEXT_BUCKETS]
+    assert [d.kernel for d in done[-2:]] == ["prefill_main", "prefill_mtp"]
+
+
+def test_each_launch_has_a_measured_peak(done, monkeypatch):
+    import torch
+
+    from runtime.backends.compiled import kernels
+
+    assert all(d.peak_bytes > 0 for d in done)
+
+    def workspace(*args, **kwargs):            # 64 GiB that exist only as a shape
+        torch.empty(64 << 30, dtype=torch.uint8).fill_(0)
+
+    monkeypatch.setitem(kernels.BY_KIND, "decode", workspace)
+    big = Rehearsal(REF, k=0).run(REF.kernels.DECODE_BY_K[0], 1024)
+    assert 64 << 30 <= big.peak_bytes < (64 << 30) + (64 << 20)
+
+
+def test_a_failing_launch_is_named_with_its_error(monkeypatch):
+    from runtime.backends.compiled import kernels
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    monkeypatch.setitem(kernels.BY_KIND, "decode", broken)
+    failed = Rehearsal(REF, k=0).run(REF.kernels.DECODE_BY_K[0], 1024)
+    assert failed.peak_bytes is None
+    assert failed.error == "RuntimeError: mat1 and mat2 shapes cannot be multiplied"
+
+
+@pytest.mark.slow
+def test_v4serve_rehearse_prints_a_line_per_launch_and_fails_on_none():
+    done = subprocess.run([sys.executable, "-m", "server.cli", "rehearse", "--spec",
+                           "reference", "--prefill-extent", "128", "--contexts", "4096",
+                           "--json"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    launches = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [x["kernel"] for x in launches] == ["decode_b8s1", "decode_b4s2", "prefill_main",
+                                               "prefill_mtp"]
+    assert all(x["error"] is None and x["peak_bytes"] > 0 for x in launches)
