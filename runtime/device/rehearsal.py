@@ -19,6 +19,7 @@ its device guard), so device placement is not what this rehearses.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -88,16 +89,19 @@ class Rehearsal:
             given = self._inputs(kernel, context, extent)
             rows = kernel.rows * (extent or kernel.seq or self.spec.contract.MTP_WINDOW)
             tracker, start = MemTracker(), time.perf_counter()
+            # what exists before the launch is known to the tracker, so that touching a
+            # weight or a pool page inside it is not counted as an allocation
+            tracker.track_external(*_tensors((self.params, self.pools, self.mtp,
+                                              launcher.buffers, given)))
             try:
                 with tracker, expert_parallel.fixed_rows():
+                    before = _total(tracker.get_tracker_snapshot("current"))
                     launcher.launch(**given)
             except Exception as exc:  # noqa: BLE001 - reported, named by its launch
                 return Rehearsed(kernel.name, context, rows, None,
                                  time.perf_counter() - start, f"{type(exc).__name__}: {exc}")
-            peak = tracker.get_tracker_snapshot("peak")
-            return Rehearsed(kernel.name, context, rows,
-                             max(v["Total"] for v in peak.values()),
-                             time.perf_counter() - start)
+            peak = _total(tracker.get_tracker_snapshot("peak")) - before
+            return Rehearsed(kernel.name, context, rows, peak, time.perf_counter() - start)
 
     def _inputs(self, kernel: KernelABI, context: int, extent: int | None) -> dict:
         """Every keyword of the kernel's launch: rows reaching `context`, all live."""
@@ -134,6 +138,24 @@ def _host_value(name: str, shape: tuple, context: int, tokens: int, rows: int):
     if name in ("context", "extent"):
         return context if name == "context" else tokens
     return np.full(shape, values[name], dtype=np.int64)     # staged as the buffer's dtype
+
+
+def _total(snapshot: dict) -> int:
+    """The largest device total of a MemTracker snapshot."""
+    return max(v["Total"] for v in snapshot.values())
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    """Every tensor inside `value` (dataclasses, mappings, sequences of them)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if dataclasses.is_dataclass(value):
+        value = [getattr(value, f.name) for f in dataclasses.fields(value)]
+    elif isinstance(value, dict):
+        value = list(value.values())
+    elif not isinstance(value, (list, tuple)):
+        return []
+    return [t for item in value for t in _tensors(item)]
 
 
 def _keywords(kernel: KernelABI) -> set[str]:
