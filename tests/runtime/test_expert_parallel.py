@@ -228,28 +228,3 @@ def test_the_launch_check_catches_a_decode_on_the_all_to_all_moe(fake_eight, mon
     mode, launcher, given = _decode_launch(0, fake_eight)
     with mode, pytest.raises((DataDependentOutputException, DynamicOutputShapeException)):
         launcher.launch(**given)
-
-
-def test_packed_experts_dequantized_a_chunk_at_a_time_give_the_same_sums(monkeypatch):
-    """FP4 experts run EXPERT_CHUNK at a time (the workspace of a few experts, not of the
-    rank's stack): the same rows out as the whole stack at once, empty experts and rows
-    past the last run included."""
-    from runtime.backends.compiled import moe
-
-    gen = torch.Generator().manual_seed(0)
-    experts, dim, inter = 11, 64, 32
-    held = (torch.randint(0, 256, (experts, 2 * inter, dim // 2), generator=gen,
-                          dtype=torch.uint8),
-            torch.randint(0, 256, (experts, dim, inter // 2), generator=gen, dtype=torch.uint8),
-            torch.randint(124, 130, (experts, 2 * inter, dim // 32), generator=gen,
-                          dtype=torch.uint8),
-            torch.randint(124, 130, (experts, dim, inter // 32), generator=gen,
-                          dtype=torch.uint8))
-    rows = torch.randn(40, dim, generator=gen)
-    counts = torch.tensor([3, 0, 5, 4, 0, 0, 6, 2, 7, 1, 4])        # 32 rows; 8 past
-    offs = counts.cumsum(0).to(torch.int32)
-    whole = moe._ffn(rows, held, offs, 10.0)
-    monkeypatch.setattr(moe, "EXPERT_CHUNK", 3)
-    torch.testing.assert_close(moe.experts_ffn(rows, held, offs, 10.0)[:32], whole[:32],
-                               rtol=1e-4, atol=1e-2)   # sums of ~100s, other blockings
-    assert not moe.experts_ffn(rows, held, offs, 10.0)[32:].any()

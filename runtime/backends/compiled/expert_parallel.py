@@ -71,7 +71,7 @@ def fixed_rows() -> Iterator[None]:
 
 _LIB = torch.library.Library("v4serve", "FRAGMENT")     # see paged.py: no custom_op layers
 _LIB.define("ep_moe(Tensor x, Tensor chosen, Tensor weights, Tensor w13, Tensor w2, "
-            "float limit, Tensor? s13=None, Tensor? s2=None) -> Tensor")
+            "float limit) -> Tensor")
 
 
 def _exchange(send: torch.Tensor, send_counts: list[int], recv_counts: list[int],
@@ -83,19 +83,16 @@ def _exchange(send: torch.Tensor, send_counts: list[int], recv_counts: list[int]
 
 
 def _ep_moe(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
-            w2: torch.Tensor, limit: float, s13: torch.Tensor | None = None,
-            s2: torch.Tensor | None = None) -> torch.Tensor:
+            w2: torch.Tensor, limit: float) -> torch.Tensor:
     """x [T, dim], chosen/weights [T, k] (global expert ids), w13/w2 this rank's experts
-    (packed FP4 with their scales s13/s2, or not) -> the routed experts' weighted sum
-    [T, dim]."""
-    scales = () if s13 is None else (s13, s2)
-    moe = gathered_moe if _FIXED[0] else exchanged_moe
-    return moe(x, chosen, weights, w13, w2, limit, _GROUP[0], scales)
+    -> the routed experts' weighted sum [T, dim]."""
+    if _FIXED[0]:
+        return gathered_moe(x, chosen, weights, w13, w2, limit, _GROUP[0])
+    return exchanged_moe(x, chosen, weights, w13, w2, limit, _GROUP[0])
 
 
 def exchanged_moe(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor,
-                  w13: torch.Tensor, w2: torch.Tensor, limit: float, group,
-                  scales: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+                  w13: torch.Tensor, w2: torch.Tensor, limit: float, group) -> torch.Tensor:
     """The all-to-all MoE: each pair travels to its expert's rank and back."""
     ranks, local = dist.get_world_size(group), w13.shape[0]
     t, k = chosen.shape
@@ -112,7 +109,7 @@ def exchanged_moe(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor,
                                    got)                      # local expert of each row
     by_expert = torch.argsort(mine, stable=True)
     offs = got.view(ranks, local).sum(0).cumsum(0).to(torch.int32)
-    y = experts_ffn(rows[by_expert], (w13, w2, *scales), offs, limit)
+    y = experts_ffn(rows[by_expert], (w13, w2), offs, limit)
     y = torch.empty_like(y).index_copy(0, by_expert, y)      # the order rows came in
     back = _exchange(y, recvs, sends, group)                 # [T*k, dim], sorted order
     out = torch.empty_like(back).index_copy(0, order, back)
@@ -120,8 +117,7 @@ def exchanged_moe(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor,
 
 
 def gathered_moe(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor,
-                 w13: torch.Tensor, w2: torch.Tensor, limit: float, group,
-                 scales: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+                 w13: torch.Tensor, w2: torch.Tensor, limit: float, group) -> torch.Tensor:
     """The static-shape MoE: every rank's rows gathered, this rank's experts applied to the
     pairs routed to them, the partial sums reduced over the ranks."""
     ranks, rank, local = dist.get_world_size(group), dist.get_rank(group), w13.shape[0]
@@ -132,7 +128,7 @@ def gathered_moe(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor,
     order = torch.argsort(key, stable=True)
     counts = torch.zeros(local + 1, dtype=torch.int64, device=x.device)
     offs = counts.scatter_add(0, key, torch.ones_like(key)).cumsum(0)[:local].to(torch.int32)
-    y = experts_ffn(xs[order // k], (w13, w2, *scales), offs, limit)
+    y = experts_ffn(xs[order // k], (w13, w2), offs, limit)
     y = torch.where((key[order] < local)[:, None], y, 0)     # rows past the last: not ours
     back = torch.empty_like(y).index_copy(0, order, y)
     partial = (back.view(ranks * t, k, -1).float() * gains[..., None]).sum(1)
@@ -152,8 +148,7 @@ _LIB.impl("ep_moe", _ep_moe, "CompositeExplicitAutograd")
 
 @torch.library.register_fake("v4serve::ep_moe")
 def _(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
-      w2: torch.Tensor, limit: float, s13: torch.Tensor | None = None,
-      s2: torch.Tensor | None = None) -> torch.Tensor:
+      w2: torch.Tensor, limit: float) -> torch.Tensor:
     return torch.empty_like(x)
 
 

@@ -77,34 +77,12 @@ def routed(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, w13: to
     return (back.view(t, k, -1).float() * weights[..., None]).sum(1).to(x.dtype)
 
 
-# Packed experts dequantized per call, this many at a time: the workspace of a layer's
-# MoE is that many experts' matrices, not the rank's whole stack (tens of GB at V4-Pro).
-EXPERT_CHUNK = 8
-
-
 def experts_ffn(rows: torch.Tensor, held: tuple[torch.Tensor, ...], offs: torch.Tensor,
                 limit: float) -> torch.Tensor:
     """rows [M, dim] in expert runs ending at offs [E] (int32) through their experts'
-    clamped SwiGLU -> [M, dim]; rows past the last run are zeros. `held`: the stacks
-    (w13, w2); or packed FP4 stacks and their scales, dequantized EXPERT_CHUNK experts at
-    a time (no host read: each chunk runs the rows up to its last run, and keeps its own)."""
-    if len(held) == 2 or held[0].shape[0] <= EXPERT_CHUNK:
-        return _ffn(rows, held, offs, limit)
-    out = rows.new_zeros(rows.shape)
-    row = torch.arange(rows.shape[0], device=rows.device)
-    for lo in range(0, held[0].shape[0], EXPERT_CHUNK):
-        part = slice(lo, lo + EXPERT_CHUNK)
-        y = _ffn(rows, tuple(h[part] for h in held), offs[part], limit)
-        first = offs[lo - 1] if lo else offs.new_zeros(())
-        mine = (row >= first) & (row < offs[part][-1])   # before `first`: another chunk's
-        out = torch.where(mine[:, None], y, out)
-    return out
-
-
-def _ffn(rows: torch.Tensor, held: tuple[torch.Tensor, ...], offs: torch.Tensor,
-         limit: float) -> torch.Tensor:
-    """The clamped SwiGLU of `held`'s experts; packed stacks dequantized a third at a time
-    (w1, w3, w2: each is gone before the next is made)."""
+    clamped SwiGLU -> [M, dim]. `held`: the stacks (w13, w2), gate and up in one matmul;
+    or packed FP4 stacks and their scales, dequantized a third at a time (w1, w3, w2:
+    each is gone before the next is made)."""
     inter = held[0].shape[1] // 2
     if len(held) == 2:
         gate, up = grouped_mm(rows, held[0].transpose(1, 2), offs).split(inter, dim=-1)
