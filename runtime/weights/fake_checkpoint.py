@@ -15,14 +15,7 @@ from types import ModuleType
 
 import torch
 
-from contract.checkpoint_layout import (
-    FP4_GROUP,
-    FP8_BLOCK,
-    expected_shapes,
-    is_fp8_projection,
-    is_routed_expert,
-    keeps_float32,
-)
+from contract import checkpoint_layout as layout
 from contract.model_args import ModelArgs
 from runtime.model import quant
 
@@ -32,11 +25,11 @@ class FakeCheckpoint:
 
     def __init__(self, spec: ModuleType):
         c = spec.contract
-        self.shapes = expected_shapes(ModelArgs.from_config(spec.architecture.CONFIG))
+        self.shapes = layout.expected_shapes(ModelArgs.from_config(spec.architecture.CONFIG))
         self.fp4 = {n for n in self.shapes if c.WEIGHTS_EXPERTS == "fp4" and
-                    is_routed_expert(n)}
+                    layout.is_routed_expert(n)}
         self.fp8 = {n for n, s in self.shapes.items() if c.WEIGHTS_DENSE == "fp8" and
-                    is_fp8_projection(n, s)}
+                    layout.is_fp8_projection(n, s)}
 
     def __enter__(self) -> FakeCheckpoint:
         return self
@@ -72,10 +65,11 @@ class FakeCheckpoint:
         out, inp = self.shapes[name]
         if self.is_fp4(name):
             data = torch.empty((out, inp // 2), dtype=torch.uint8)
-            scale = torch.empty((out, inp // FP4_GROUP), dtype=torch.uint8)
+            scale = torch.empty((out, inp // layout.FP4_GROUP), dtype=torch.uint8)
         else:
             data = torch.empty((out, inp), dtype=torch.float8_e4m3fn)
-            scale = torch.empty((-(-out // FP8_BLOCK), -(-inp // FP8_BLOCK)), dtype=torch.uint8)
+            blocks = (-(-out // layout.FP8_BLOCK), -(-inp // layout.FP8_BLOCK))
+            scale = torch.empty(blocks, dtype=torch.uint8)
         return data, quant.scale_values(scale) if float_scale else scale
 
     def load(self, name: str, dtype: torch.dtype) -> torch.Tensor:
@@ -85,5 +79,5 @@ class FakeCheckpoint:
         shape = self.shapes[name]
         if name.endswith("tid2eid"):
             return torch.empty(shape, dtype=torch.int32)
-        stored = torch.float32 if keeps_float32(name, len(shape)) else torch.bfloat16
+        stored = torch.float32 if layout.keeps_float32(name, len(shape)) else torch.bfloat16
         return torch.empty(shape, dtype=stored)
