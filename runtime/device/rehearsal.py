@@ -8,14 +8,14 @@ every launch's staging buffers cost no memory. The ranks' collectives go to a fa
 process group of the spec's world size (they return at once). Each launch the engine can
 issue runs at its largest shapes, every row live, through the compiled backend's graphs
 run as written (no compile), with the static-shape MoE of decode launches taking the
-place of the operator's registered fake; MemTracker measures each launch's peak: the
-workspace it allocates beyond the weights and pools. A device-side error (an op refusing a
-dtype, a shape that does not fit, a host read of a device value) fails the launch and
-names it.
+place of the operator's registered fake; a PeakTracker (runtime/device/peak_tracker.py)
+measures each launch's peak: the workspace it allocates beyond the weights and pools.
+A device-side error (an op refusing a dtype, a shape that does not fit, a host read of a
+device value) fails the launch and names it.
 
-The fake tensors stand on the CPU device: this CPU build of torch refuses a fake cuda
-device at the first matmul ("PyTorch is not linked with support for cuda devices", from
-its device guard), so device placement is not what this rehearses.
+The fake tensors stand on the device the deployment runs on (cuda or npu: runtime/device/
+fake_device.py makes them on a CPU build of torch), so a tensor left on the host, or made
+on the wrong device, fails its launch as it would on the hardware.
 """
 from __future__ import annotations
 
@@ -29,12 +29,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.mem_tracker import MemTracker
 
 from contract.abi import EXTENT, RANKS, KernelABI
 from runtime.backends.arg_checks import torch_dtype
 from runtime.backends.compiled import expert_parallel, forward
+from runtime.device.fake_device import fake_device
 from runtime.device.launcher import Launcher
+from runtime.device.peak_tracker import PeakTracker
 from runtime.device.pools import allocate_mtp_state, allocate_pools
 from runtime.weights.fake_checkpoint import FakeCheckpoint
 from runtime.weights.loader import load_params
@@ -55,17 +56,22 @@ class Rehearsed:
 class Rehearsal:
     """Rank `rank` of `spec`'s replica, every other rank a fake one."""
 
-    def __init__(self, spec: ModuleType, rank: int = 0, k: int | None = None):
-        self.spec, self.rank = spec, rank
+    def __init__(self, spec: ModuleType, rank: int = 0, k: int | None = None,
+                 device: str = "cpu"):
+        self.spec, self.rank, self.kind = spec, rank, device
         self.k = spec.contract.DEFAULT_NUM_SPECULATIVE_TOKENS if k is None else k
         self.mode = FakeTensorMode()
         self.deepest = spec.contract.CONTEXT_BUCKETS[-1]
-        with self.mode:
-            self.params = load_params(None, spec, held=range(rank, rank + 1),
+        with fake_device(device) as self.device, self.mode:
+            self.params = load_params(None, spec, self.device, held=range(rank, rank + 1),
                                       checkpoint=FakeCheckpoint(spec))
+            # the compiled backend stacks each layer's projections into one tensor when it
+            # first meets the weights (the originals become views of it): done here, so
+            # that no launch counts that move of the weights as its workspace
+            forward.layers(self.params, dict(spec.kernels.PREFILL_MAIN.groups))
             blocks = {g: group.table_width for g, group in spec.pools.GROUPS.items()}
-            self.pools = allocate_pools(spec, blocks, ranks=1)
-            self.mtp = allocate_mtp_state(spec, ranks=1) if self.k else None
+            self.pools = allocate_pools(spec, blocks, self.device, ranks=1)
+            self.mtp = allocate_mtp_state(spec, self.device, ranks=1) if self.k else None
 
     def launches(self, prefill_extent: int | None = None,
                  contexts: tuple[int, ...] | None = None) -> Iterator[Rehearsed]:
@@ -84,24 +90,24 @@ class Rehearsal:
 
     def run(self, kernel: KernelABI, context: int, extent: int | None = None) -> Rehearsed:
         """One launch of `kernel` with every row live, its rows reaching `context`."""
-        with _FakeGroup(self.spec.contract.RANKS, self.rank), self.mode:
-            launcher = Launcher(kernel, backend="compiled-eager", ranks=1)
+        with (_FakeGroup(self.spec.contract.RANKS, self.rank), fake_device(self.kind),
+              self.mode):
+            launcher = Launcher(kernel, self.device, backend="compiled-eager", ranks=1)
             given = self._inputs(kernel, context, extent)
             rows = kernel.rows * (extent or kernel.seq or self.spec.contract.MTP_WINDOW)
-            tracker, start = MemTracker(), time.perf_counter()
             # what exists before the launch is known to the tracker, so that touching a
             # weight or a pool page inside it is not counted as an allocation
-            tracker.track_external(*_tensors((self.params, self.pools, self.mtp,
-                                              launcher.buffers, given)))
+            tracker = PeakTracker(_tensors((self.params, self.pools, self.mtp,
+                                            launcher.buffers, given)))
+            start = time.perf_counter()
             try:
                 with tracker, expert_parallel.fixed_rows():
-                    before = _total(tracker.get_tracker_snapshot("current"))
                     launcher.launch(**given)
             except Exception as exc:  # noqa: BLE001 - reported, named by its launch
                 return Rehearsed(kernel.name, context, rows, None,
                                  time.perf_counter() - start, f"{type(exc).__name__}: {exc}")
-            peak = _total(tracker.get_tracker_snapshot("peak")) - before
-            return Rehearsed(kernel.name, context, rows, peak, time.perf_counter() - start)
+            return Rehearsed(kernel.name, context, rows, tracker.peak,
+                             time.perf_counter() - start)
 
     def _inputs(self, kernel: KernelABI, context: int, extent: int | None) -> dict:
         """Every keyword of the kernel's launch: rows reaching `context`, all live."""
@@ -118,7 +124,7 @@ class Rehearsal:
         dims = {RANKS: 1, EXTENT: extent}
         shape = tuple(dims.get(d, d) for d in arg.shape)
         if not arg.staged and arg.role == "input":          # a device tensor passed in
-            return torch.zeros(shape, dtype=torch_dtype(arg.dtype))
+            return torch.zeros(shape, dtype=torch_dtype(arg.dtype), device=self.device)
         tokens = extent or kernel.seq or self.spec.contract.MTP_WINDOW
         return _host_value(arg.name, shape, context, tokens, kernel.rows)
 
@@ -138,11 +144,6 @@ def _host_value(name: str, shape: tuple, context: int, tokens: int, rows: int):
     if name in ("context", "extent"):
         return context if name == "context" else tokens
     return np.full(shape, values[name], dtype=np.int64)     # staged as the buffer's dtype
-
-
-def _total(snapshot: dict) -> int:
-    """The largest device total of a MemTracker snapshot."""
-    return max(v["Total"] for v in snapshot.values())
 
 
 def _tensors(value) -> list[torch.Tensor]:

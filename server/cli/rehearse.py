@@ -19,6 +19,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "the spec's ranks, run every launch kind at its largest shapes and "
                     "print the peak memory each allocates beyond weights and pools.")
     parser.add_argument("--spec", default="tiny", help="spec, by name or file (default: tiny)")
+    parser.add_argument("--device", choices=("cuda", "npu", "cpu"), default="cuda",
+                        help="the fake device the rank's tensors stand on (default: cuda)")
     parser.add_argument("--num-speculative-tokens", type=int, default=None,
                         help="the largest K rehearsed (default: the spec's)")
     parser.add_argument("--rank", type=int, default=0, help="the rank played (default: 0)")
@@ -40,10 +42,11 @@ def run(args: argparse.Namespace) -> int:
 
     spec = load_current(args.spec)
     contexts = tuple(int(c) for c in args.contexts.split(",")) if args.contexts else None
-    rehearsal = Rehearsal(spec, args.rank, args.num_speculative_tokens)
+    rehearsal = Rehearsal(spec, args.rank, args.num_speculative_tokens, args.device)
     failed = 0
     if not args.json:
-        print(f"spec {spec.SPEC_NAME}: rank {args.rank} of {spec.contract.RANKS}, K up to "
+        print(f"spec {spec.SPEC_NAME}: rank {args.rank} of {spec.contract.RANKS} on a fake "
+              f"{args.device}, K up to "
               f"{rehearsal.k}; peak workspace per launch (weights and pools aside)")
     for done in rehearsal.launches(args.prefill_extent, contexts):
         failed += done.error is not None
@@ -54,5 +57,5 @@ def run(args: argparse.Namespace) -> int:
 def _line(done) -> str:
     what = f"{done.kernel:<14} context {done.context:>8}  rows {done.rows:>6}"
     if done.error:
-        return f"{what}  FAILED: {done.error}"
+        return f"{what}  FAILED: {done.error.splitlines()[0]}"
     return f"{what}  peak {done.peak_bytes / 2**30:8.2f} GiB  ({done.seconds:.0f} s)"

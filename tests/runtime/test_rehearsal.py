@@ -19,7 +19,7 @@ REF = generated.load("reference")
 
 @pytest.fixture(scope="module")
 def done():
-    return list(Rehearsal(REF).launches(prefill_extent=REF.contract.TILE))
+    return list(Rehearsal(REF, device="cuda").launches(prefill_extent=REF.contract.TILE))
 
 
 def test_every_launch_kind_runs_at_every_context(done):
@@ -44,6 +44,36 @@ def test_each_launch_has_a_measured_peak(done, monkeypatch):
     monkeypatch.setitem(kernels.BY_KIND, "decode", workspace)
     big = Rehearsal(REF, k=0).run(REF.kernels.DECODE_BY_K[0], 1024)
     assert 64 << 30 <= big.peak_bytes < (64 << 30) + (64 << 20)
+
+
+@pytest.mark.parametrize("kind", ["decode", "prefill"])
+def test_the_peak_tracker_measures_what_memtracker_measures(kind):
+    """Both trackers around one launch: the same peak (MemTracker rounds nothing away
+    that matters: within 1%)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from runtime.backends.compiled import expert_parallel
+    from runtime.device import rehearsal
+    from runtime.device.peak_tracker import PeakTracker
+
+    played = Rehearsal(REF, k=0, device="cuda")
+    kernel = REF.kernels.DECODE_BY_K[0] if kind == "decode" else REF.kernels.PREFILL_MAIN
+    extent = None if kind == "decode" else 2 * REF.contract.TILE
+    with (rehearsal._FakeGroup(REF.contract.RANKS, 0), rehearsal.fake_device("cuda"),
+          played.mode):
+        launcher = rehearsal.Launcher(kernel, played.device, backend="compiled-eager",
+                                      ranks=1)
+        given = played._inputs(kernel, REF.contract.CONTEXT_BUCKETS[-1], extent)
+        known = rehearsal._tensors((played.params, played.pools, launcher.buffers, given))
+        ours, theirs = PeakTracker(known), MemTracker()
+        theirs.track_external(*known)
+        with theirs:
+            before = max(v["Total"] for v in theirs.get_tracker_snapshot("current").values())
+            with ours, expert_parallel.fixed_rows():
+                launcher.launch(**given)
+        peak = max(v["Total"] for v in theirs.get_tracker_snapshot("peak").values()) - before
+    assert ours.peak > 1 << 20
+    assert abs(ours.peak - peak) <= 0.01 * peak, (ours.peak, peak)
 
 
 def test_a_failing_launch_is_named_with_its_error(monkeypatch):
