@@ -107,8 +107,8 @@ def test_decode_launches_take_the_static_path(fake_group, monkeypatch):
                             lambda *a, path=path: taken.append(path) or a[0])
     x, chosen, weights, w13, w2 = _inputs(0)
     with expert_parallel.fixed_rows():
-        expert_parallel.ep_moe(x, chosen, weights, w13[:LOCAL], w2[:LOCAL], 10.0)
-    expert_parallel.ep_moe(x, chosen, weights, w13[:LOCAL], w2[:LOCAL], 10.0)
+        expert_parallel.ep_moe(x, chosen, weights, w13[:LOCAL], w2[:LOCAL], 10.0, [])
+    expert_parallel.ep_moe(x, chosen, weights, w13[:LOCAL], w2[:LOCAL], 10.0, [])
     assert taken == ["gathered_moe", "exchanged_moe"]
 
 
@@ -228,3 +228,33 @@ def test_the_launch_check_catches_a_decode_on_the_all_to_all_moe(fake_eight, mon
     mode, launcher, given = _decode_launch(0, fake_eight)
     with mode, pytest.raises((DataDependentOutputException, DynamicOutputShapeException)):
         launcher.launch(**given)
+
+
+def test_packed_fp4_experts_give_what_their_dequantized_stacks_give():
+    """The expert-parallel MoE takes the experts as held (packed FP4 and e8m0 scales) and
+    dequantizes a third of them at a time: the whole stacks never exist at once."""
+    from runtime.model import quant
+
+    gen = torch.Generator().manual_seed(0)
+    experts, inter, dim, rows, top = 4, 32, 64, 5, 2
+    held = (torch.randint(0, 256, (experts, 2 * inter, dim // 2), generator=gen,
+                          dtype=torch.uint8),
+            torch.randint(0, 256, (experts, dim, inter // 2), generator=gen,
+                          dtype=torch.uint8),
+            torch.randint(124, 130, (experts, 2 * inter, dim // 32), generator=gen,
+                          dtype=torch.uint8),
+            torch.randint(124, 130, (experts, dim, inter // 32), generator=gen,
+                          dtype=torch.uint8))
+    x = torch.randn(rows, dim, generator=gen)
+    chosen = torch.stack([torch.randperm(experts, generator=gen)[:top] for _ in range(rows)])
+    weights = torch.rand(rows, top, generator=gen)
+    w13, w2 = quant.stacks(held, torch.float32)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        for moe in (expert_parallel.gathered_moe, expert_parallel.exchanged_moe):
+            packed = moe(x, chosen, weights, *held[:2], 10.0, dist.group.WORLD, held[2:])
+            whole = moe(x, chosen, weights, w13, w2, 10.0, dist.group.WORLD)
+            torch.testing.assert_close(packed, whole)
+            assert packed.abs().sum() > 0
+    finally:
+        dist.destroy_process_group()

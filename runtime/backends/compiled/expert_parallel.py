@@ -37,7 +37,7 @@ opaque operator to the compiler: a graph keeps it whole.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -71,7 +71,7 @@ def fixed_rows() -> Iterator[None]:
 
 _LIB = torch.library.Library("v4serve", "FRAGMENT")     # see paged.py: no custom_op layers
 _LIB.define("ep_moe(Tensor x, Tensor chosen, Tensor weights, Tensor w13, Tensor w2, "
-            "float limit) -> Tensor")
+            "float limit, Tensor[] scales) -> Tensor")
 
 
 def _exchange(send: torch.Tensor, send_counts: list[int], recv_counts: list[int],
@@ -83,16 +83,18 @@ def _exchange(send: torch.Tensor, send_counts: list[int], recv_counts: list[int]
 
 
 def _ep_moe(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
-            w2: torch.Tensor, limit: float) -> torch.Tensor:
+            w2: torch.Tensor, limit: float, scales: list[torch.Tensor] = ()) -> torch.Tensor:
     """x [T, dim], chosen/weights [T, k] (global expert ids), w13/w2 this rank's experts
-    -> the routed experts' weighted sum [T, dim]."""
+    (packed FP4 with their two `scales`, dequantized a third at a time inside) -> the
+    routed experts' weighted sum [T, dim]."""
     if _FIXED[0]:
-        return gathered_moe(x, chosen, weights, w13, w2, limit, _GROUP[0])
-    return exchanged_moe(x, chosen, weights, w13, w2, limit, _GROUP[0])
+        return gathered_moe(x, chosen, weights, w13, w2, limit, _GROUP[0], scales)
+    return exchanged_moe(x, chosen, weights, w13, w2, limit, _GROUP[0], scales)
 
 
 def exchanged_moe(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor,
-                  w13: torch.Tensor, w2: torch.Tensor, limit: float, group) -> torch.Tensor:
+                  w13: torch.Tensor, w2: torch.Tensor, limit: float, group,
+                  scales: Sequence[torch.Tensor] = ()) -> torch.Tensor:
     """The all-to-all MoE: each pair travels to its expert's rank and back."""
     ranks, local = dist.get_world_size(group), w13.shape[0]
     t, k = chosen.shape
@@ -109,7 +111,7 @@ def exchanged_moe(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor,
                                    got)                      # local expert of each row
     by_expert = torch.argsort(mine, stable=True)
     offs = got.view(ranks, local).sum(0).cumsum(0).to(torch.int32)
-    y = experts_ffn(rows[by_expert], (w13, w2), offs, limit)
+    y = experts_ffn(rows[by_expert], (w13, w2, *scales), offs, limit)
     y = torch.empty_like(y).index_copy(0, by_expert, y)      # the order rows came in
     back = _exchange(y, recvs, sends, group)                 # [T*k, dim], sorted order
     out = torch.empty_like(back).index_copy(0, order, back)
@@ -117,7 +119,8 @@ def exchanged_moe(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor,
 
 
 def gathered_moe(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor,
-                 w13: torch.Tensor, w2: torch.Tensor, limit: float, group) -> torch.Tensor:
+                 w13: torch.Tensor, w2: torch.Tensor, limit: float, group,
+                 scales: Sequence[torch.Tensor] = ()) -> torch.Tensor:
     """The static-shape MoE: every rank's rows gathered, this rank's experts applied to the
     pairs routed to them, the partial sums reduced over the ranks."""
     ranks, rank, local = dist.get_world_size(group), dist.get_rank(group), w13.shape[0]
@@ -128,7 +131,7 @@ def gathered_moe(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor,
     order = torch.argsort(key, stable=True)
     counts = torch.zeros(local + 1, dtype=torch.int64, device=x.device)
     offs = counts.scatter_add(0, key, torch.ones_like(key)).cumsum(0)[:local].to(torch.int32)
-    y = experts_ffn(xs[order // k], (w13, w2), offs, limit)
+    y = experts_ffn(xs[order // k], (w13, w2, *scales), offs, limit)
     y = torch.where((key[order] < local)[:, None], y, 0)     # rows past the last: not ours
     back = torch.empty_like(y).index_copy(0, order, y)
     partial = (back.view(ranks * t, k, -1).float() * gains[..., None]).sum(1)
@@ -148,7 +151,7 @@ _LIB.impl("ep_moe", _ep_moe, "CompositeExplicitAutograd")
 
 @torch.library.register_fake("v4serve::ep_moe")
 def _(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
-      w2: torch.Tensor, limit: float) -> torch.Tensor:
+      w2: torch.Tensor, limit: float, scales: list[torch.Tensor] = ()) -> torch.Tensor:
     return torch.empty_like(x)
 
 

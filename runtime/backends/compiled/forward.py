@@ -27,7 +27,7 @@ from runtime.model.hyper import hc_head, hc_post, hc_pre
 from runtime.model.moe import route
 from runtime.model.norms import rms_norm
 from runtime.model.params import ModelParams
-from runtime.model.quant import linear, stacks
+from runtime.model.quant import linear
 
 GROUPS_OF = {"sliding": ("ori",), "mtp": ("ori",),
              "hca": ("ori", "hca_state", "cmp_c128"),
@@ -151,7 +151,7 @@ def block(args: ModelArgs, kind: str, hashed: bool, groups: dict[str, PoolGroup]
     chosen, weights = route(w, args, hashed, x, ids.reshape(-1))
     gate, up = linear(x, w, "fused.shared").split(splits["fused.shared"], dim=-1)
     if experts[0].shape[0] < args.n_experts:     # holds a share: rows travel to the ranks
-        out = ep_moe(x, chosen, weights, *stacks(experts, x.dtype), args.swiglu_limit)
+        out = ep_moe(x, chosen, weights, *experts[:2], args.swiglu_limit, list(experts[2:]))
     else:
         out = routed(x, chosen, weights, *experts[:2], args.swiglu_limit, *experts[2:])
     out = out + linear(F.silu(gate) * up, w, "ffn.shared_experts.w2.weight")
