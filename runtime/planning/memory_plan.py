@@ -4,7 +4,8 @@ a workspace for the largest launch, and what is left for the cache pools. Torch-
     usable     = device memory x gpu_memory_utilization
     weights    = the replicated dense tensors + this rank's routed experts, each in the
                  form the device holds it (weights.format: as released, or the dtype)
-    workspace  = an estimate of the largest launch's temporaries (see `workspace`)
+    workspace  = the largest launch's temporaries, estimated and checked against
+                 the rehearsal's measurement (see `workspace`)
     pools      = usable - weights - workspace        ("does not fit" when negative)
 
 `v4serve plan` prints it; the engine sizes its pools by the same plan when given a
@@ -96,42 +97,75 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def workspace(spec: ModuleType, limits: Any, ranks: int | None = None) -> int:
-    """Temporaries of the largest launch, estimated from the shapes (not profiled): a
-    prefill of max_num_batched_tokens tokens T at the context bucket of max_model_len,
-    as the compiled graphs compute it (all of a launch's tiles at once):
+    """Temporaries of the largest launch at the context bucket of max_model_len, estimated
+    from the shapes as the compiled graphs compute them. tests/runtime/test_workspace.py
+    holds it between the peak the rehearsal measures (runtime/device/rehearsal.py) and 1.25
+    times it, for every shipped spec.
 
-        streams    the mHC streams and their float32 mixes        6 T hc dim 4
-        queries    q and its float32 copies                       3 T H D 4
-        attention  scores over the window and the chosen entries  2 T H (window + topk) 4
-        entries    the index_topk entries each query reads        2 T topk D 4
-        indexer    scores over every compressed entry E of the    2 T E 4
-                   bucket (E = bucket / 4), its keys per tile     T / tile E index_dim 4
+    A main prefill walks its extent a tile at a time: a step carries P = N x S rows (N =
+    slots, S = tile); a decode launch N x S = batch x seq. A layer's temporaries peak in one
+    of its phases, on top of what the layer keeps throughout:
+
+        kept       the mHC streams, q and its float32 copies      P (2 hc dim + 3 H D) 4
+        attention  the logits over the window and the entries    3 P H (window + M) 4
+                   a query reads (M: CSA index_topk; HCA every
+                   entry of the bucket, bucket / 128), as logits,
+                   their concatenation and their masked copy;
+                   and those entries, read and in float32         CSA P topk D (pool + 4)
+                                                                  HCA N E128 D (pool + 4)
+        indexer    scores over every CSA entry (E4 = bucket / 4)  3 P h E4 4
+                   (h: prefill a head at a time, decode all), and
+                   each row's index keys, read and in float32     N E4 index_dim (pool + 4)
+        experts    a third of the rank's routed experts (w1, w3,  experts_per_rank inter
+                   w2: one at a time) dequantized from FP4        dim dtype_bytes
         logits     the widest launch's rows x vocabulary          2 rows V 4
-        experts    one layer's routed experts of the rank, held   experts_per_rank 3 inter
-                   FP4, dequantized into the compute dtype        dim dtype_bytes
 
-    The indexer and entry terms grow with the context: lower --max-num-batched-tokens
-    (the prefill chunk) to shrink them."""
+    workspace = max(kept + max(attention, indexer) over launches, experts, logits). Lower
+    --max-model-len to a smaller bucket to shrink the attention and indexer phases."""
     c, cfg = spec.contract, spec.architecture.CONFIG
     a = ModelArgs.from_config(cfg)
-    t = limits.max_num_batched_tokens
     bucket = min((b for b in c.CONTEXT_BUCKETS if b >= limits.max_model_len),
                  default=c.CONTEXT_BUCKETS[-1])
-    csa = "csa" in {a.kind(layer) for layer in range(a.n_layers)}
-    terms = [6 * t * a.hc_mult * a.dim * 4,
-             3 * t * a.n_heads * a.head_dim * 4,
-             2 * t * a.n_heads * (cfg["sliding_window"] + a.index_topk * csa) * 4]
-    if csa:
-        entries = bucket // 4
-        terms += [2 * t * a.index_topk * a.head_dim * 4,
-                  2 * t * entries * 4 + -(-t // c.TILE) * entries * a.index_head_dim * 4]
+    width = DTYPE_BYTES[c.DTYPE]
+    shape = _Shape(a, cfg["sliding_window"], bucket, width)
+    layers = max([shape.layer(c.SLOTS_PER_RANK, c.TILE, decode=False)]
+                 + [shape.layer(lay.batch, lay.seq, decode=True)
+                    for lay in c.DECODE_LAYOUTS.values()])
     rows = max(max(lay.batch * lay.seq for lay in c.DECODE_LAYOUTS.values())
                * c.DECODE_MICRO_BATCHES, c.SLOTS_PER_RANK)
-    terms.append(2 * rows * a.vocab_size * 4)
+    experts = 0
     if c.WEIGHTS_FORMAT == "as_released" and c.WEIGHTS_EXPERTS == "fp4":
-        per_rank = a.n_experts // (ranks or c.EP)
-        terms.append(per_rank * 3 * a.moe_inter * a.dim * DTYPE_BYTES[c.DTYPE])
-    return sum(terms)
+        experts = a.n_experts // (ranks or c.EP) * a.moe_inter * a.dim * width
+    return max(layers, experts, 2 * rows * a.vocab_size * 4)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """The per-layer terms of `workspace` at one context bucket."""
+
+    a: ModelArgs
+    window: int
+    bucket: int
+    width: int              # bytes of a pool entry's value (the compute dtype)
+
+    def layer(self, n: int, s: int, decode: bool) -> int:
+        """The peak of one layer of a call of n rows of s tokens."""
+        a, p, read = self.a, n * s, self.width + 4
+        kinds = {a.kind(layer) for layer in range(a.n_layers)}
+        kept = p * (2 * a.hc_mult * a.dim + 3 * a.n_heads * a.head_dim) * 4
+        phases = [self._logits(p, 0)]
+        if "csa" in kinds:
+            e4 = self.bucket // 4
+            heads = a.index_heads if decode else 1
+            phases += [self._logits(p, a.index_topk) + p * a.index_topk * a.head_dim * read,
+                       3 * p * heads * e4 * 4 + n * e4 * a.index_head_dim * read]
+        if "hca" in kinds:
+            e128 = self.bucket // 128
+            phases.append(self._logits(p, e128) + n * e128 * a.head_dim * read)
+        return kept + max(phases)
+
+    def _logits(self, p: int, entries: int) -> int:
+        return 3 * p * self.a.n_heads * (self.window + entries) * 4
 
 
 @dataclass(frozen=True)
