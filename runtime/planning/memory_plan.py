@@ -107,13 +107,13 @@ def workspace(spec: ModuleType, limits: Any, ranks: int | None = None) -> int:
     of its phases, on top of what the layer keeps throughout:
 
         kept       the mHC streams, q and its float32 copies      P (2 hc dim + 3 H D) 4
-        attention  the logits over the window and the entries    3 P H (window + M) 4
+        attention  the logits over the window and the entries    2 P H (window + M) 4
                    a query reads (M: CSA index_topk; HCA every
-                   entry of the bucket, bucket / 128), as logits,
-                   their concatenation and their masked copy;
-                   and those entries, read and in float32         CSA P topk D (pool + 4)
+                   entry of the bucket, bucket / 128), in parts
+                   and concatenated (then masked and normalized
+                   in place); those entries, read and in float32  CSA P topk D (pool + 4)
                                                                   HCA N E128 D (pool + 4)
-        indexer    scores over every CSA entry (E4 = bucket / 4)  3 P h E4 4
+        indexer    scores over every CSA entry (E4 = bucket / 4)  P (h + 2) E4 4
                    (h: prefill a head at a time, decode all), and
                    each row's index keys, read and in float32     N E4 index_dim (pool + 4)
         experts    a third of the rank's routed experts (w1, w3,  experts_per_rank inter
@@ -158,14 +158,14 @@ class _Shape:
             e4 = self.bucket // 4
             heads = a.index_heads if decode else 1
             phases += [self._logits(p, a.index_topk) + p * a.index_topk * a.head_dim * read,
-                       3 * p * heads * e4 * 4 + n * e4 * a.index_head_dim * read]
+                       p * (heads + 2) * e4 * 4 + n * e4 * a.index_head_dim * read]
         if "hca" in kinds:
             e128 = self.bucket // 128
             phases.append(self._logits(p, e128) + n * e128 * a.head_dim * read)
         return kept + max(phases)
 
     def _logits(self, p: int, entries: int) -> int:
-        return 3 * p * self.a.n_heads * (self.window + entries) * 4
+        return 2 * p * self.a.n_heads * (self.window + entries) * 4
 
 
 @dataclass(frozen=True)

@@ -129,14 +129,14 @@ def _select(args: ModelArgs, weights: torch.Tensor, iq: torch.Tensor, rows: Rows
     w = w.view(n, s, heads)
     keys = keys.float()
     if s <= MANY_QUERIES:       # decode rows: every head in one product
-        scores = torch.einsum("nshd,ned->nshe", iq, keys).relu()
-        scores = (scores * (dim ** -0.5 * w)[..., None]).sum(2)
+        scores = torch.einsum("nshd,ned->nshe", iq, keys).relu_()
+        scores = torch.einsum("nshe,nsh->nse", scores, dim ** -0.5 * w)
     else:                       # prefill tiles: a head at a time, never [N, S, heads, E]
         scores = torch.zeros(n, s, entries.shape[0], device=keys.device)
         for h in range(heads):
             scores = scores + torch.relu(torch.einsum("nsd,ned->nse", iq[:, :, h], keys)) \
                 * dim ** -0.5 * w[:, :, h, None]
-    scores = scores.masked_fill(entries >= visible[..., None], float("-inf"))
+    scores = scores.masked_fill_(entries >= visible[..., None], float("-inf"))
     chosen = scores.topk(args.index_topk, dim=-1).indices
     return chosen, chosen < visible[..., None]
 
@@ -147,18 +147,20 @@ def _attend(q: torch.Tensor, keys: torch.Tensor, keys_ok: torch.Tensor,
     """q [N, S, H, D] over the window keys and the compressed ones -> [N, S, H, D]."""
     scale = q.shape[-1] ** -0.5
     qf = q.float()
-    logits = [torch.einsum("nshd,nkd->nshk", qf, keys.float()) * scale]
+    logits = [torch.einsum("nshd,nkd->nshk", qf, keys.float()).mul_(scale)]
     masks = [keys_ok]
     if entries is not None:
         pattern = "nshd,ned->nshe" if entries.dim() == 3 else "nshd,nsed->nshe"
-        logits.append(torch.einsum(pattern, qf, entries.float()) * scale)
+        logits.append(torch.einsum(pattern, qf, entries.float()).mul_(scale))
         masks.append(entries_ok)
-    logits = torch.cat(logits, -1).masked_fill(~torch.cat(masks, -1)[:, :, None, :],
-                                               float("-inf"))
+    # in place where a tensor is fresh: the logits over every HCA entry of a 1M context
+    # are the largest temporaries of a prefill step, and each copy of them counts
+    logits = torch.cat(logits, -1).masked_fill_(~torch.cat(masks, -1)[:, :, None, :],
+                                                float("-inf"))
     sink = sink.float()                                                          # [H]
     top = torch.maximum(logits.amax(-1), sink)                                   # [N, S, H]
-    weights = torch.exp(logits - top[..., None])
-    weights = weights / (weights.sum(-1) + torch.exp(sink - top))[..., None]
+    weights = logits.sub_(top[..., None]).exp_()
+    weights = weights.div_((weights.sum(-1) + torch.exp(sink - top))[..., None])
     m = keys.shape[1]
     out = torch.einsum("nshk,nkd->nshd", weights[..., :m], keys.float())
     if entries is not None:
