@@ -29,6 +29,7 @@ from contract.checkpoint_layout import (
 from contract.model_args import ModelArgs
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DECODE_ENTRY_TILES = 8     # runtime/backends/compiled/attention.py ENTRY_TILES
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -113,9 +114,12 @@ def workspace(spec: ModuleType, limits: Any, ranks: int | None = None) -> int:
                    and concatenated (then masked and normalized
                    in place); those entries, read and in float32  CSA P topk D (pool + 4)
                                                                   HCA N E128 D (pool + 4)
-        indexer    scores over every CSA entry (E4 = bucket / 4)  P (h + 2) E4 4
-                   (h: prefill a head at a time, decode all), and
-                   each row's index keys, read and in float32     N E4 index_dim (pool + 4)
+        indexer    prefill: scores over every CSA entry (E4 =     3 P E4 4
+                   bucket / 4), a head at a time, and each row's  N E4 index_dim (pool + 4)
+                   index keys, read and in float32;
+                   decode: a tile (T = DECODE_ENTRY_TILES) of     P (heads E4 / T + 2 E4) 4
+                   entries at a time over every head, and the     N E4 / T index_dim
+                   tile's index keys                              (pool + 4)
         experts    a third of the rank's routed experts (w1, w3,  experts_per_rank inter
                    w2: one at a time) dequantized from FP4        dim dtype_bytes
         logits     the widest launch's rows x vocabulary          2 rows V 4
@@ -156,9 +160,10 @@ class _Shape:
         phases = [self._logits(p, 0)]
         if "csa" in kinds:
             e4 = self.bucket // 4
-            heads = a.index_heads if decode else 1
+            tile = e4 // DECODE_ENTRY_TILES if decode else e4
+            scores = p * (a.index_heads * tile + 2 * e4) if decode else 3 * p * e4
             phases += [self._logits(p, a.index_topk) + p * a.index_topk * a.head_dim * read,
-                       p * (heads + 2) * e4 * 4 + n * e4 * a.index_head_dim * read]
+                       scores * 4 + n * tile * a.index_head_dim * read]
         if "hca" in kinds:
             e128 = self.bucket // 128
             phases.append(self._logits(p, e128) + n * e128 * a.head_dim * read)

@@ -16,6 +16,8 @@ length so that one graph serves every bucket.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from contract.model_args import ModelArgs
@@ -32,6 +34,8 @@ RATIO = {"csa": 4, "hca": 128}
 STATE_GROUP = {"csa": "csa_state", "hca": "hca_state"}
 ENTRY_GROUP = {"csa": "cmp_c4", "hca": "cmp_c128"}
 MANY_QUERIES = 8      # rows longer than this score the indexer a head at a time
+ENTRY_TILES = 8       # rows up to that score it every head at once, over E / 8 entries at a
+                      # time: [N, S, heads, E / 8] scores and [N, E / 8, dim] keys at most
 
 
 def attention(p: Weights, splits: dict[str, tuple[int, ...]], args: ModelArgs, kind: str,
@@ -95,14 +99,21 @@ def _entries(p: Weights, args: ModelArgs, kind: str, xp: tuple[torch.Tensor, ...
     compress(pools[STATE_GROUP[kind]], pools[ENTRY_GROUP[kind]], rows, kv, score, ratio,
              p["attn.compressor.norm.weight"], args.norm_eps, inv_freq)
     visible = (rows.pos + 1) // ratio                                          # [N, S]
-    exists = entries[None, :] < visible.amax(dim=1, keepdim=True)             # [N, E]
+    newest = visible.amax(dim=1, keepdim=True)                                # [N, 1]
+
+    def read(group: str, part: torch.Tensor) -> torch.Tensor:   # entries -> [N, len, D]
+        there = part[None, :] < newest
+        return pools[group].read(rows, part.expand_as(there), there)
+
     if kind == "hca":
-        keys = pools["cmp_c128"].read(rows, entries.expand_as(exists), exists)
-        return keys, entries < visible[..., None]
+        return read("cmp_c128", entries), entries < visible[..., None]
     kv, score = _compressor_rows(p, "attn.indexer.compressor.", xp[2], xp[3], pos, ratio)
     compress(pools["csa_inner_state"], pools["idx"], rows, kv, score, ratio,
              p["attn.indexer.compressor.norm.weight"], args.norm_eps, inv_freq)
-    index_keys = pools["idx"].read(rows, entries.expand_as(exists), exists)
+
+    def index_keys(part: torch.Tensor) -> torch.Tensor:
+        return read("idx", part).float()
+
     chosen, ok = _select(args, xp[4], qrp[0], rows, index_keys, inv_freq, entries, visible)
     n, s = rows.shape
     picked = pools["cmp_c4"].read(rows, chosen.view(n, -1), ok.view(n, -1))
@@ -116,26 +127,29 @@ def _compressor_rows(p: Weights, prefix: str, kv: torch.Tensor, gate: torch.Tens
 
 
 def _select(args: ModelArgs, weights: torch.Tensor, iq: torch.Tensor, rows: Rows,
-            keys: torch.Tensor, inv_freq: torch.Tensor, entries: torch.Tensor,
-            visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The lightning indexer over keys [N, E, dim], from its query projection iq and head
-    weights projection: each query's top index_topk entries [N, S, k] and which of them
-    are visible. score(t, j) = sum_h relu(q_th . k_j) * dim^-0.5 * w_th."""
+            keys: Callable[[torch.Tensor], torch.Tensor], inv_freq: torch.Tensor,
+            entries: torch.Tensor, visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lightning indexer over the keys of `entries` (keys(part): those of a part, [N,
+    len, dim] float32), from its query projection iq and head weights projection: each
+    query's top index_topk entries [N, S, k] and which of them are visible.
+    score(t, j) = sum_h relu(q_th . k_j) * dim^-0.5 * w_th."""
     n, s = rows.shape
     heads, dim = args.index_heads, args.index_head_dim
     iq = iq.reshape(n * s, heads, dim)
     iq = apply_rope(iq, rows.pos.reshape(-1), inv_freq).view(n, s, heads, dim).float()
     w = weights.float() * heads ** -0.5
-    w = w.view(n, s, heads)
-    keys = keys.float()
-    if s <= MANY_QUERIES:       # decode rows: every head in one product
-        scores = torch.einsum("nshd,ned->nshe", iq, keys).relu_()
-        scores = torch.einsum("nshe,nsh->nse", scores, dim ** -0.5 * w)
+    w = w.view(n, s, heads) * dim ** -0.5
+    if s <= MANY_QUERIES:       # decode rows: every head at once, a tile of entries at a time
+        torch._check(entries.shape[0] % ENTRY_TILES == 0)
+        scores = torch.cat([torch.einsum("nshe,nsh->nse", torch.einsum(
+            "nshd,ned->nshe", iq, keys(part)).relu_(), w)
+            for part in entries.view(ENTRY_TILES, -1).unbind(0)], dim=-1)
     else:                       # prefill tiles: a head at a time, never [N, S, heads, E]
-        scores = torch.zeros(n, s, entries.shape[0], device=keys.device)
+        every = keys(entries)
+        scores = torch.zeros(n, s, entries.shape[0], device=every.device)
         for h in range(heads):
-            scores = scores + torch.relu(torch.einsum("nsd,ned->nse", iq[:, :, h], keys)) \
-                * dim ** -0.5 * w[:, :, h, None]
+            scores = scores + torch.relu(torch.einsum("nsd,ned->nse", iq[:, :, h], every)) \
+                * w[:, :, h, None]
     scores = scores.masked_fill_(entries >= visible[..., None], float("-inf"))
     chosen = scores.topk(args.index_topk, dim=-1).indices
     return chosen, chosen < visible[..., None]
