@@ -30,6 +30,7 @@ from contract.model_args import ModelArgs
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DECODE_ENTRY_TILES = 8     # runtime/backends/compiled/attention.py ENTRY_TILES
+STACK_CHUNK = 16           # runtime/model/quant.py STACK_CHUNK
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -114,33 +115,38 @@ def workspace(spec: ModuleType, limits: Any, ranks: int | None = None) -> int:
                    and concatenated (then masked and normalized
                    in place); those entries, read and in float32  CSA P topk D (pool + 4)
                                                                   HCA N E128 D (pool + 4)
-        indexer    prefill: scores over every CSA entry (E4 =     3 P E4 4
+        indexer    prefill: scores over every CSA entry (E4 =     2 P E4 4
                    bucket / 4), a head at a time, and each row's  N E4 index_dim (pool + 4)
                    index keys, read and in float32;
                    decode: a tile (T = DECODE_ENTRY_TILES) of     P (heads E4 / T + 2 E4) 4
                    entries at a time over every head, and the     N E4 / T index_dim
                    tile's index keys                              (pool + 4)
-        experts    a third of the rank's routed experts (w1, w3,  experts_per_rank inter
-                   w2: one at a time) dequantized from FP4        dim dtype_bytes
+        moe        a third of the rank's routed experts (w1, w3,  experts_per_rank inter
+                   w2: one at a time) dequantized from FP4, with  dim dtype_bytes
+                   the int32 codes and values of STACK_CHUNK      + chunk inter dim
+                   experts;                                       (2 + dtype_bytes)
+                   the rows of every rank (a rank may receive     ranks P (dim + k (dim
+                   them all), each once per expert it chose       + 5 inter)) dtype_bytes
         logits     the widest launch's rows x vocabulary          2 rows V 4
 
-    workspace = max(kept + max(attention, indexer) over launches, experts, logits). Lower
+    workspace = max(kept + max(attention, indexer, moe) over launches, logits). Lower
     --max-model-len to a smaller bucket to shrink the attention and indexer phases."""
     c, cfg = spec.contract, spec.architecture.CONFIG
     a = ModelArgs.from_config(cfg)
     bucket = min((b for b in c.CONTEXT_BUCKETS if b >= limits.max_model_len),
                  default=c.CONTEXT_BUCKETS[-1])
     width = DTYPE_BYTES[c.DTYPE]
-    shape = _Shape(a, cfg["sliding_window"], bucket, width)
+    experts = 0
+    if c.WEIGHTS_FORMAT == "as_released" and c.WEIGHTS_EXPERTS == "fp4":
+        held = a.n_experts // (ranks or c.EP)
+        experts = (held * width + min(held, STACK_CHUNK) * (2 + width)) * a.moe_inter * a.dim
+    shape = _Shape(a, cfg["sliding_window"], bucket, width, ranks or c.EP, experts)
     layers = max([shape.layer(c.SLOTS_PER_RANK, c.TILE, decode=False)]
                  + [shape.layer(lay.batch, lay.seq, decode=True)
                     for lay in c.DECODE_LAYOUTS.values()])
     rows = max(max(lay.batch * lay.seq for lay in c.DECODE_LAYOUTS.values())
                * c.DECODE_MICRO_BATCHES, c.SLOTS_PER_RANK)
-    experts = 0
-    if c.WEIGHTS_FORMAT == "as_released" and c.WEIGHTS_EXPERTS == "fp4":
-        experts = a.n_experts // (ranks or c.EP) * a.moe_inter * a.dim * width
-    return max(layers, experts, 2 * rows * a.vocab_size * 4)
+    return max(layers, 2 * rows * a.vocab_size * 4)
 
 
 @dataclass(frozen=True)
@@ -151,17 +157,20 @@ class _Shape:
     window: int
     bucket: int
     width: int              # bytes of a pool entry's value (the compute dtype)
+    ranks: int              # of expert parallelism
+    experts: int            # the dequantized third of the experts, with its temporaries
 
     def layer(self, n: int, s: int, decode: bool) -> int:
         """The peak of one layer of a call of n rows of s tokens."""
         a, p, read = self.a, n * s, self.width + 4
         kinds = {a.kind(layer) for layer in range(a.n_layers)}
         kept = p * (2 * a.hc_mult * a.dim + 3 * a.n_heads * a.head_dim) * 4
-        phases = [self._logits(p, 0)]
+        moe = self.ranks * p * (a.dim + a.n_active * (a.dim + 5 * a.moe_inter)) * self.width
+        phases = [self._logits(p, 0), self.experts + moe]
         if "csa" in kinds:
             e4 = self.bucket // 4
             tile = e4 // DECODE_ENTRY_TILES if decode else e4
-            scores = p * (a.index_heads * tile + 2 * e4) if decode else 3 * p * e4
+            scores = p * (a.index_heads * tile + 2 * e4) if decode else 2 * p * e4
             phases += [self._logits(p, a.index_topk) + p * a.index_topk * a.head_dim * read,
                        scores * 4 + n * tile * a.index_head_dim * read]
         if "hca" in kinds:

@@ -145,11 +145,10 @@ def _select(args: ModelArgs, weights: torch.Tensor, iq: torch.Tensor, rows: Rows
             "nshd,ned->nshe", iq, keys(part)).relu_(), w)
             for part in entries.view(ENTRY_TILES, -1).unbind(0)], dim=-1)
     else:                       # prefill tiles: a head at a time, never [N, S, heads, E]
-        every = keys(entries)
+        every = keys(entries).transpose(1, 2)                            # [N, dim, E]
         scores = torch.zeros(n, s, entries.shape[0], device=every.device)
-        for h in range(heads):
-            scores = scores + torch.relu(torch.einsum("nsd,ned->nse", iq[:, :, h], every)) \
-                * w[:, :, h, None]
+        for q, gain in zip(iq.unbind(2), w.unsqueeze(-1).unbind(2)):     # [N, S, dim], [N, S, 1]
+            scores.addcmul_(torch.bmm(q, every).relu_(), gain)
     scores = scores.masked_fill_(entries >= visible[..., None], float("-inf"))
     chosen = scores.topk(args.index_topk, dim=-1).indices
     return chosen, chosen < visible[..., None]
