@@ -54,17 +54,21 @@ class Rehearsed:
 
 
 class Rehearsal:
-    """Rank `rank` of `spec`'s replica, every other rank a fake one."""
+    """Rank `rank` of `spec`'s replica (of its ranks, or of `ranks`), every other rank a
+    fake one."""
 
     def __init__(self, spec: ModuleType, rank: int = 0, k: int | None = None,
-                 device: str = "cpu"):
+                 device: str = "cpu", ranks: int | None = None):
+        self.ranks = ranks or spec.contract.RANKS
+        if not 0 <= rank < self.ranks:
+            raise ValueError(f"rank {rank}: the replica has ranks 0..{self.ranks - 1}")
         self.spec, self.rank, self.kind = spec, rank, device
         self.k = spec.contract.DEFAULT_NUM_SPECULATIVE_TOKENS if k is None else k
         self.mode = FakeTensorMode()
         self.deepest = spec.contract.CONTEXT_BUCKETS[-1]
         with fake_device(device) as self.device, self.mode:
             self.params = load_params(None, spec, self.device, held=range(rank, rank + 1),
-                                      checkpoint=FakeCheckpoint(spec))
+                                      checkpoint=FakeCheckpoint(spec), ranks=self.ranks)
             # the compiled backend stacks each layer's projections into one tensor when it
             # first meets the weights (the originals become views of it): done here, so
             # that no launch counts that move of the weights as its workspace
@@ -90,7 +94,7 @@ class Rehearsal:
 
     def run(self, kernel: KernelABI, context: int, extent: int | None = None) -> Rehearsed:
         """One launch of `kernel` with every row live, its rows reaching `context`."""
-        with (_FakeGroup(self.spec.contract.RANKS, self.rank), fake_device(self.kind),
+        with (_FakeGroup(self.ranks, self.rank), fake_device(self.kind),
               self.mode):
             launcher = Launcher(kernel, self.device, backend="compiled-eager", ranks=1)
             given = self._inputs(kernel, context, extent)

@@ -80,9 +80,11 @@ def _same(got: Any, want: Any) -> bool:
 
 def load_params(directory: str | Path | None, spec: Any, device: str | torch.device = "cpu",
                 dtype: torch.dtype | None = None, held: range | None = None,
-                weight_format: str | None = None, checkpoint: Any = None) -> ModelParams:
+                weight_format: str | None = None, checkpoint: Any = None,
+                ranks: int | None = None) -> ModelParams:
     """Load a checkpoint for a generated spec package (generated.<name>): the dense
-    tensors and the routed experts of the ranks `held` (default: every rank), quantized
+    tensors and the routed experts of the ranks `held` (default: every rank) of the
+    spec's expert parallelism (or of `ranks` that split the experts evenly), quantized
     tensors as released or dequantized (`weight_format`, default the spec's). From the
     safetensors files of `directory`, or from `checkpoint` (a FakeCheckpoint: the
     release's shapes and dtypes, no data)."""
@@ -94,7 +96,10 @@ def load_params(directory: str | Path | None, spec: Any, device: str | torch.dev
     dtype = dtype or getattr(torch, spec.contract.DTYPE)
     as_released = (weight_format or spec.contract.WEIGHTS_FORMAT) == "as_released"
     device = torch.device(device)
-    ranks = spec.contract.EP
+    ranks = ranks or spec.contract.EP
+    if args.n_experts % ranks:
+        raise ValueError(f"{ranks} ranks: the {args.n_experts} routed experts must split "
+                         "evenly")
     held = held if held is not None else range(ranks)
     per = args.n_experts // ranks
     with checkpoint or _Reader(directory) as reader:

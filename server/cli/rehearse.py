@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from server.cli.engine_args import positive_int
 from server.cli.spec_check import load_current
@@ -23,6 +24,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="the fake device the rank's tensors stand on (default: cuda)")
     parser.add_argument("--num-speculative-tokens", type=int, default=None,
                         help="the largest K rehearsed (default: the spec's)")
+    parser.add_argument("--ranks", type=positive_int, default=None,
+                        help="ranks of the replica, the routed experts split over them "
+                             "(default: the spec's)")
     parser.add_argument("--rank", type=int, default=0, help="the rank played (default: 0)")
     parser.add_argument("--prefill-extent", type=positive_int, default=None,
                         help="rows per slot of the main prefill (default: the spec's max "
@@ -42,10 +46,15 @@ def run(args: argparse.Namespace) -> int:
 
     spec = load_current(args.spec)
     contexts = tuple(int(c) for c in args.contexts.split(",")) if args.contexts else None
-    rehearsal = Rehearsal(spec, args.rank, args.num_speculative_tokens, args.device)
+    try:
+        rehearsal = Rehearsal(spec, args.rank, args.num_speculative_tokens, args.device,
+                              args.ranks)
+    except ValueError as exc:
+        print(f"v4serve rehearse: {exc}", file=sys.stderr)
+        return 2
     failed = 0
     if not args.json:
-        print(f"spec {spec.SPEC_NAME}: rank {args.rank} of {spec.contract.RANKS} on a fake "
+        print(f"spec {spec.SPEC_NAME}: rank {args.rank} of {rehearsal.ranks} on a fake "
               f"{args.device}, K up to "
               f"{rehearsal.k}; peak workspace per launch (weights and pools aside)")
     for done in rehearsal.launches(args.prefill_extent, contexts):

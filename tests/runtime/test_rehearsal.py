@@ -98,3 +98,15 @@ def test_v4serve_rehearse_prints_a_line_per_launch_and_fails_on_none():
     assert [x["kernel"] for x in launches] == ["decode_b8s1", "decode_b4s2", "prefill_main",
                                                "prefill_mtp"]
     assert all(x["error"] is None and x["peak_bytes"] > 0 for x in launches)
+
+
+def test_a_replica_of_other_ranks_splits_the_experts_over_them():
+    experts = REF.architecture.CONFIG["n_routed_experts"]
+    played = Rehearsal(REF, rank=3, k=0, device="cuda", ranks=4)
+    assert played.params.experts[0].tensors()[0].shape[0] == experts // 4
+    done = played.run(REF.kernels.DECODE_BY_K[0], 4096)
+    assert done.error is None and done.peak_bytes > 0
+    with pytest.raises(ValueError, match="split evenly"):
+        Rehearsal(REF, ranks=3)
+    with pytest.raises(ValueError, match="ranks 0..3"):
+        Rehearsal(REF, rank=4, ranks=4)
