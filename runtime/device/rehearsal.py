@@ -33,10 +33,13 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from contract.abi import EXTENT, RANKS, KernelABI
 from runtime.backends.arg_checks import torch_dtype
 from runtime.backends.compiled import expert_parallel, forward
+from runtime.core.sampling_params import SamplingParams
 from runtime.device.fake_device import fake_device
 from runtime.device.launcher import Launcher
 from runtime.device.peak_tracker import PeakTracker
 from runtime.device.pools import allocate_mtp_state, allocate_pools
+from runtime.sampling import batch_sampler
+from runtime.sampling.sampling_state import row_params
 from runtime.weights.fake_checkpoint import FakeCheckpoint
 from runtime.weights.loader import load_params
 
@@ -46,7 +49,7 @@ class Rehearsed:
     """One launch of the rehearsal."""
 
     kernel: str
-    context: int                 # positions the rows reach
+    context: int                 # positions the rows reach (0: does not apply)
     rows: int                    # tokens the launch carries on this rank
     peak_bytes: int | None       # MemTracker's peak during the launch (None: it failed)
     seconds: float
@@ -80,13 +83,14 @@ class Rehearsal:
     def launches(self, prefill_extent: int | None = None,
                  contexts: tuple[int, ...] | None = None) -> Iterator[Rehearsed]:
         """Every launch kind: each decode layout up to K at every context (default: the
-        spec's buckets), the main prefill of `prefill_extent` rows per slot (default: the
-        spec's max extent) at the deepest context, and the MTP prefill."""
+        spec's buckets) and its sampler, the main prefill of `prefill_extent` rows per slot
+        (default: the spec's max extent) at the deepest context, and the MTP prefill."""
         c = self.spec.contract
         for k in sorted(c.DECODE_LAYOUTS):
             if k <= self.k:
                 for context in contexts or c.CONTEXT_BUCKETS:
                     yield self.run(self.spec.kernels.DECODE_BY_K[k], context)
+                yield self.sample(self.spec.kernels.DECODE_BY_K[k])
         yield self.run(self.spec.kernels.PREFILL_MAIN, self.deepest,
                        prefill_extent or c.MAX_EXTENT)
         if self.k:
@@ -113,6 +117,35 @@ class Rehearsal:
             return Rehearsed(kernel.name, context, rows, tracker.peak,
                              time.perf_counter() - start)
 
+    def sample(self, kernel: KernelABI) -> Rehearsed:
+        """The device sampler over a decode launch's logits, every row with every feature
+        (temperature, top-k, top-p, min-p, penalties, a logit bias, a grammar mask); with
+        MTP (seq 2) the verification of each row's draft."""
+        rows, vocab = kernel.rows, self.spec.architecture.CONFIG["vocab_size"]
+        tokens = rows * kernel.seq
+        name = "verify" if kernel.seq > 1 else "sample"
+        with fake_device(self.kind), self.mode:
+            params = [SamplingParams(temperature=0.8, top_k=50, top_p=0.9, min_p=0.05,
+                                     presence_penalty=0.5, frequency_penalty=0.5,
+                                     repetition_penalty=1.1)] * rows
+            dev = self.device
+            given = (torch.zeros(rows, kernel.seq, vocab, device=dev),
+                     dataclasses.replace(
+                         row_params(params, [7] * rows, [3] * rows, list(range(rows)), dev),
+                         bias=torch.zeros(rows, vocab, device=dev)),
+                     torch.zeros(rows, vocab, dtype=torch.int32, device=dev),
+                     torch.zeros(rows, vocab, dtype=torch.bool, device=dev),
+                     torch.ones(rows, kernel.seq, vocab, dtype=torch.bool, device=dev))
+            tracker = PeakTracker(_tensors(given))
+            start = time.perf_counter()
+            try:
+                with tracker:
+                    _sample_or_verify(*given)
+            except Exception as exc:  # noqa: BLE001 - reported, named by its launch
+                return Rehearsed(name, 0, tokens, None, time.perf_counter() - start,
+                                 f"{type(exc).__name__}: {exc}")
+            return Rehearsed(name, 0, tokens, tracker.peak, time.perf_counter() - start)
+
     def _inputs(self, kernel: KernelABI, context: int, extent: int | None) -> dict:
         """Every keyword of the kernel's launch: rows reaching `context`, all live."""
         given = {"pools": self.pools, "weights": self.params}
@@ -131,6 +164,15 @@ class Rehearsal:
             return torch.zeros(shape, dtype=torch_dtype(arg.dtype), device=self.device)
         tokens = extent or kernel.seq or self.spec.contract.MTP_WINDOW
         return _host_value(arg.name, shape, context, tokens, kernel.rows)
+
+
+def _sample_or_verify(logits, rows, counts, seen, allowed) -> None:
+    """batch_sampler.sample over logits [N, 1, V], or verify over [N, 2, V] (drafts: 1)."""
+    if logits.shape[1] == 1:
+        batch_sampler.sample(logits[:, 0], rows, counts, seen, allowed[:, 0])
+    else:
+        draft = torch.ones(logits.shape[0], dtype=torch.long, device=logits.device)
+        batch_sampler.verify(logits, draft, rows, counts, seen, allowed)
 
 
 def _host_value(name: str, shape: tuple, context: int, tokens: int, rows: int):

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _line(done) -> str:
-    what = f"{done.kernel:<14} context {done.context:>8}  rows {done.rows:>6}"
+    what = f"{done.kernel:<14} context {done.context or '-':>8}  rows {done.rows:>6}"
     if done.error:
         return f"{what}  FAILED: {done.error.splitlines()[0]}"
     return f"{what}  peak {done.peak_bytes / 2**30:8.2f} GiB  ({done.seconds:.0f} s)"

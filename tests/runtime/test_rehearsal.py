@@ -29,6 +29,7 @@ def test_every_launch_kind_runs_at_every_context(done):
     assert decode == [(c.DECODE_LAYOUTS[k].kernel, ctx) for k in sorted(c.DECODE_LAYOUTS)
                       for ctx in c.CONTEXT_BUCKETS]
     assert [d.kernel for d in done[-2:]] == ["prefill_main", "prefill_mtp"]
+    assert [d.kernel for d in done if d.context == 0] == ["sample", "verify"]
 
 
 def test_each_launch_has_a_measured_peak(done, monkeypatch):
@@ -95,8 +96,8 @@ def test_v4serve_rehearse_prints_a_line_per_launch_and_fails_on_none():
                            "--json"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     launches = [json.loads(line) for line in done.stdout.splitlines()]
-    assert [x["kernel"] for x in launches] == ["decode_b8s1", "decode_b4s2", "prefill_main",
-                                               "prefill_mtp"]
+    assert [x["kernel"] for x in launches] == ["decode_b8s1", "sample", "decode_b4s2",
+                                               "verify", "prefill_main", "prefill_mtp"]
     assert all(x["error"] is None and x["peak_bytes"] > 0 for x in launches)
 
 
@@ -110,3 +111,14 @@ def test_a_replica_of_other_ranks_splits_the_experts_over_them():
         Rehearsal(REF, ranks=3)
     with pytest.raises(ValueError, match="ranks 0..3"):
         Rehearsal(REF, rank=4, ranks=4)
+
+
+def test_a_sampler_that_reads_the_device_fails_its_launch(monkeypatch):
+    from runtime.sampling import batch_sampler
+
+    def reads(logits, *rest):
+        return int(logits.argmax())                       # a host read of a device value
+
+    monkeypatch.setattr(batch_sampler, "sample", reads)
+    done = Rehearsal(REF, k=0, device="cuda").sample(REF.kernels.DECODE_BY_K[0])
+    assert (done.kernel, done.peak_bytes) == ("sample", None) and done.error
