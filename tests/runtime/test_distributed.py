@@ -196,7 +196,7 @@ def test_the_all_to_all_moe_equals_the_local_one_on_a_group_of_one(tmp_path):
                             world_size=1)
     try:
         expert_parallel.enable(dist.group.WORLD)
-        got = expert_parallel.ep_moe(x, chosen, weights, w13, w2, 10.0)
+        got = expert_parallel.ep_moe(x, chosen, weights, w13, w2, 10.0, [])
     finally:
         expert_parallel.enable(None)
         dist.destroy_process_group()
