@@ -98,9 +98,8 @@ def render(r: dict[str, Any]) -> str:
                  f"{_gib(w['dense'])}, routed experts ({r['experts_per_rank']} per rank) "
                  f"{_gib(w['experts'])}")
     if "workspace_bytes" in r:
-        lines.append(f"workspace       {_gib(r['workspace_bytes'])} per rank (estimate from the "
-                     "shapes, held by tests within 1.25x of the peak v4serve rehearse "
-                     "measures)")
+        lines.append(f"workspace       {_gib(r['workspace_bytes'])} per rank (estimated from the "
+                     "shapes; tests hold it within 1.25x of the rehearsed peak)")
     if not r["fits"]:
         lines.append(f"does not fit: {_gib(r['shortfall_per_rank'])} per rank short "
                      f"({_gib(r['shortfall_per_replica'])} over the {r['ranks']} ranks) of "
