@@ -107,10 +107,10 @@ class Layout:
         """The request's first `count` block keys (computed once, kept on the request)."""
         keys, b = request.block_keys, self.block_size
         if len(keys) < count:
-            tokens = request.token_ids
             for j in range(len(keys), count):
                 h = hashlib.blake2b(keys[-1] if keys else b"", digest_size=16)
-                h.update(_pack(tokens[j * b:(j + 1) * b + self.lookahead]))
+                end = min((j + 1) * b + self.lookahead, request.num_tokens)
+                h.update(_pack(request.tokens(j * b, end)))
                 keys.append(h.digest())
         return keys[:count]
 

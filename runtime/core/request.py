@@ -45,7 +45,23 @@ class Request:
 
     @property
     def token_ids(self) -> list[int]:
+        """Prompt and output as one new list: O(context). The step path reads `tail` and
+        `tokens(start, end)` instead, which cost O(1) and O(end - start)."""
         return self.prompt_ids + self.output_ids
+
+    @property
+    def tail(self) -> int:
+        """The last known token (the next input of a decode)."""
+        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        """token_ids[start:end] (0 <= start <= end), without building token_ids."""
+        cut = len(self.prompt_ids)
+        if end <= cut:
+            return self.prompt_ids[start:end]
+        if start >= cut:
+            return self.output_ids[start - cut:end - cut]
+        return self.prompt_ids[start:] + self.output_ids[:end - cut]
 
     @property
     def num_tokens(self) -> int:

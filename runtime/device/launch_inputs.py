@@ -79,7 +79,7 @@ class LaunchInputs:
         positions = np.zeros(self.decode_shape, np.int32)
         lens = np.zeros(self.decode_shape, np.int32)
         for rank, row, request in rows:
-            tokens[rank, row, 0] = request.token_ids[-1]
+            tokens[rank, row, 0] = request.tail
             positions[rank, row], lens[rank, row] = request.num_tokens - 1, 1
         return dict(token_ids=tokens, positions=positions, row_lens=lens)
 
@@ -101,7 +101,7 @@ class LaunchInputs:
         lens = np.zeros(self.prefill_shape, np.int32)
         for ch in chunks:
             r = ch.request
-            tokens[r.rank, ch.slot, : ch.length] = r.token_ids[ch.start:ch.end]
+            tokens[r.rank, ch.slot, : ch.length] = r.tokens(ch.start, ch.end)
             starts[r.rank, ch.slot], lens[r.rank, ch.slot] = ch.start, ch.length
         return dict(token_ids=tokens, start_pos=starts, chunk_lens=lens, extent=extent,
                     **self.tables(chunk_rows(chunks), self.contract.SLOTS_PER_RANK))
@@ -115,7 +115,7 @@ class LaunchInputs:
         nrows = np.zeros(self.prefill_shape, np.int32)
         for ch in chunks:
             r, width = ch.request, min(window, ch.length)
-            known = r.token_ids[ch.end - width + 1: ch.end + 1]
+            known = r.tokens(ch.end - width + 1, min(ch.end + 1, r.num_tokens))
             next_ids[r.rank, ch.slot, : len(known)] = known
             starts[r.rank, ch.slot], nrows[r.rank, ch.slot] = ch.end - width, width
         tables = self.tables(chunk_rows(chunks), self.contract.SLOTS_PER_RANK)

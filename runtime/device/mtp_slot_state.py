@@ -37,7 +37,7 @@ class MtpSlotState:
         first_tokens [n, 1]: the fresh prompts' first tokens, row first[request]."""
         requests = [ch.request for ch in chunks]
         rank, slot = self._rank_slot(requests)
-        tail = torch.tensor([r.token_ids[-1] for r in requests], device=self.device)
+        tail = torch.tensor([r.tail for r in requests], device=self.device)
         if first:
             fresh = torch.tensor([r in first for r in requests], device=self.device)
             pick = torch.tensor([first.get(r, 0) for r in requests], device=self.device)
