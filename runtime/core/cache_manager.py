@@ -62,6 +62,17 @@ def sources(copies: list[PageCopy]) -> dict[str, list[int]]:
     return {c.group: [c.src] for c in copies}
 
 
+def too_large(positions: int, formulas: Mapping[str, Callable[[int], int]],
+              capacity: Mapping[str, int]) -> str | None:
+    """Why `positions` positions never fit a rank of `capacity` blocks per group (the
+    first group short), or None."""
+    for group, formula in formulas.items():
+        if formula(positions) > capacity[group]:
+            return (f"{formula(positions)} {group} blocks, more than a rank holds "
+                    f"({capacity[group]})")
+    return None
+
+
 class CacheManager:
     """Owns `pool` for the scheduler: a running request's `blocks` change only here."""
 
@@ -78,12 +89,7 @@ class CacheManager:
     # -- blocks ----------------------------------------------------------------------
 
     def too_large(self, positions: int) -> str | None:
-        """Why `positions` positions never fit a rank (the first group short), or None."""
-        for group, formula in self.formulas.items():
-            if formula(positions) > self.pool.capacity[group]:
-                return (f"{formula(positions)} {group} blocks, more than a rank holds "
-                        f"({self.pool.capacity[group]})")
-        return None
+        return too_large(positions, self.formulas, self.pool.capacity)
 
     def need(self, request: Request, num_tokens: int) -> dict[str, int]:
         """New blocks per group for the request to hold `num_tokens` positions."""

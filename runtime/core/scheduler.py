@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from runtime.core.block_pool import BlockPool
-from runtime.core.cache_manager import CacheManager, Hit, PageCopy, Pin, Save
+from runtime.core.cache_manager import CacheManager, Hit, PageCopy, Pin, Save, too_large
 from runtime.core.mtp_slots import SlotTable
 from runtime.core.prefix_cache import CacheStats, Layout
 from runtime.core.request import Request, Status
@@ -107,6 +107,24 @@ class SchedulerOutput:
         return launches
 
 
+def refusal(num_tokens: int, config: SchedulerConfig,
+            formulas: Mapping[str, Callable[[int], int]],
+            capacity: Mapping[str, int]) -> str | None:
+    """Why a prompt of `num_tokens` tokens can never run under `config` on ranks of
+    `capacity` blocks per group (`formulas`: the blocks n positions take), or None. The
+    one admission rule: the scheduler applies it to what it is given, the API server
+    before it accepts a request."""
+    if not config.chunked_prefill and num_tokens > config.effective_extent:
+        return (f"prompt of {num_tokens} tokens exceeds one prefill dispatch "
+                f"({config.effective_extent}) and chunked prefill is disabled")
+    if num_tokens >= config.max_model_len:
+        return (f"prompt of {num_tokens} tokens leaves no room to generate under "
+                f"max_model_len {config.max_model_len}")
+    first = num_tokens + 1 + config.k                # the prompt and its first decode step
+    short = too_large(first, formulas, capacity)
+    return f"a prompt of {num_tokens} tokens needs {short}" if short else None
+
+
 def _prefill_target(request: Request) -> int:
     """Tokens whose KV a prefill computes: all known ones but a generated tail."""
     return request.num_tokens - (1 if request.output_ids else 0)
@@ -140,16 +158,8 @@ class Scheduler:
 
     def check(self, request: Request) -> str | None:
         """Why `request` can never run under this configuration, or None."""
-        c = self.config
-        if not c.chunked_prefill and request.num_tokens > c.effective_extent:
-            return (f"prompt of {request.num_tokens} tokens exceeds one prefill dispatch "
-                    f"({c.effective_extent}) and chunked prefill is disabled")
-        if request.num_tokens >= c.max_model_len:
-            return (f"prompt of {request.num_tokens} tokens leaves no room to generate under "
-                    f"max_model_len {c.max_model_len}")
-        first = request.num_tokens + 1 + c.k        # the prompt and its first decode step
-        short = self.cache.too_large(first)
-        return f"a prompt of {request.num_tokens} tokens needs {short}" if short else None
+        return refusal(request.num_tokens, self.config, self.cache.formulas,
+                       self.cache.pool.capacity)
 
     def add(self, request: Request) -> None:
         reason = self.check(request)

@@ -12,9 +12,8 @@ from typing import Any
 from runtime.core.block_pool import BlockPool
 from runtime.core.mtp_slots import SlotTable
 from runtime.core.prefix_cache import Layout, Unsupported
-from runtime.core.request import Request
 from runtime.core.sampling_params import InvalidParam, SamplingParams
-from runtime.core.scheduler import Scheduler, SchedulerConfig
+from runtime.core.scheduler import Scheduler, SchedulerConfig, refusal
 from runtime.planning import capacity
 from runtime.planning.memory_plan import MemoryPlan
 
@@ -38,9 +37,6 @@ class Admission:
     max_stop_token_ids: int = 1024
     layout: Layout | None = None              # prefix caching; None: off
     memory: MemoryPlan | None = None          # pools sized from a device's memory
-
-    def __post_init__(self) -> None:
-        self._checker = self.scheduler()        # only ever asked `check`: it stays empty
 
     @classmethod
     def plan(cls, config: Any, spec: ModuleType, ranks: int | None = None) -> Admission:
@@ -143,7 +139,8 @@ class Admission:
     def validate(self, ids: list[int], params: SamplingParams) -> None:
         """InvalidParam if a request of these ids and params could never run here."""
         self.check(ids, params)
-        reason = self._checker.check(Request("check", ids, params, -1))
+        formulas = {g: grp.blocks_for for g, grp in self.spec.pools.GROUPS.items()}
+        reason = refusal(len(ids), self.limits, formulas, self.capacity.blocks)
         if reason:
             raise InvalidParam("prompt", reason)
 
