@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from codegen.pool_roles import ROLES, layer_kinds, role_kinds
 from codegen.schema import Spec
 from codegen.yaml_loader import FieldPath
+from contract.abi import INDEXER_TILES
 
 Problem = tuple[FieldPath, str]
 
@@ -168,6 +169,10 @@ def _context_buckets(spec: Spec) -> Iterator[Problem]:
             yield (at + (i,), f"{bucket} must exceed the bucket before it ({buckets[i - 1]})")
         elif bucket % block:
             yield (at + (i,), f"{bucket} must be a multiple of pools.block_size {block}")
+        elif 4 in m.compress_ratios and bucket % (4 * INDEXER_TILES):
+            yield (at + (i,), f"{bucket} holds {bucket / 4:g} CSA entries, which the decode "
+                              f"indexer scores in {INDEXER_TILES} equal tiles: it must be a "
+                              f"multiple of {4 * INDEXER_TILES}")
         elif 4 in m.compress_ratios and bucket // 4 < m.index_topk:
             yield (at + (i,), f"{bucket} holds {bucket // 4} CSA entries, fewer than "
                               f"index_topk {m.index_topk}; the smallest bucket is "

@@ -18,6 +18,10 @@ from dataclasses import dataclass, field
 # Columns of a rank's int64 MTP slot table [slots + 1, len(MTP_SLOT_FIELDS)].
 MTP_SLOT_FIELDS = ("tail_token", "tail_pos", "committed", "generation")
 
+# A decode launch's lightning indexer scores a context bucket's CSA entries (bucket / 4)
+# in this many equal tiles: a spec's buckets are multiples of 4 x INDEXER_TILES.
+INDEXER_TILES = 8
+
 # Symbolic dimensions of an argument's shape, fixed when a launcher is built or launched.
 RANKS, BLOCKS, EXTENT = "ranks", "blocks", "extent"
 

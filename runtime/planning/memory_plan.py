@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from contract.abi import INDEXER_TILES
 from contract.checkpoint_layout import (
     FP4_GROUP,
     FP8_BLOCK,
@@ -29,7 +30,6 @@ from contract.checkpoint_layout import (
 from contract.model_args import ModelArgs
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-DECODE_ENTRY_TILES = 8     # runtime/backends/compiled/attention.py ENTRY_TILES
 STACK_CHUNK = 16           # runtime/model/quant.py STACK_CHUNK
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -118,8 +118,8 @@ def workspace(spec: ModuleType, limits: Any, ranks: int | None = None) -> int:
         indexer    prefill: scores over every CSA entry (E4 =     2 P E4 4
                    bucket / 4), a head at a time, and each row's  N E4 index_dim (pool + 4)
                    index keys, read and in float32;
-                   decode: a tile (T = DECODE_ENTRY_TILES) of     P (heads E4 / T + 2 E4) 4
-                   entries at a time over every head, and the     N E4 / T index_dim
+                   decode: a tile of entries at a time (T =       P (heads E4 / T + 2 E4) 4
+                   INDEXER_TILES) over every head, and the        N E4 / T index_dim
                    tile's index keys                              (pool + 4)
         moe        a third of the rank's routed experts (w1, w3,  experts_per_rank inter
                    w2: one at a time) dequantized from FP4, with  dim dtype_bytes
@@ -169,7 +169,7 @@ class _Shape:
         phases = [self._logits(p, 0), self.experts + moe]
         if "csa" in kinds:
             e4 = self.bucket // 4
-            tile = e4 // DECODE_ENTRY_TILES if decode else e4
+            tile = e4 // INDEXER_TILES if decode else e4
             scores = p * (a.index_heads * tile + 2 * e4) if decode else 2 * p * e4
             phases += [self._logits(p, a.index_topk) + p * a.index_topk * a.head_dim * read,
                        scores * 4 + n * tile * a.index_head_dim * read]

@@ -182,3 +182,18 @@ def test_a_context_bucket_holds_index_topk_csa_entries(tmp_path, tiny_text):
     text = replace_once(tiny_text, "  index_topk: 32", "  index_topk: 512")
     assert "decode.context_buckets[0]: 1024 holds 256 CSA entries, fewer than index_topk " \
         "512; the smallest bucket is 2048" in _error(tmp_path, text)
+
+
+def test_a_bucket_splits_its_csa_entries_into_the_indexer_tiles():
+    """Where block_size allows it (a model without HCA layers may take any multiple of 4),
+    a bucket whose CSA entries the decode indexer cannot cut into equal tiles is refused."""
+    from codegen.invariants import check_invariants
+    from tests.conftest import REPO
+
+    spec = load_spec(REPO / "specs" / "tiny.yaml")
+    spec = spec.model_copy(update={
+        "pools": spec.pools.model_copy(update={"block_size": 16}),
+        "decode": spec.decode.model_copy(update={"context_buckets": [1040, 4096, 16384]})})
+    assert (("decode", "context_buckets", 0),
+            "1040 holds 260 CSA entries, which the decode indexer scores in 8 equal tiles: "
+            "it must be a multiple of 32") in list(check_invariants(spec))

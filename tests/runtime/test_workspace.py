@@ -31,12 +31,10 @@ def _estimated(name: str) -> int:
     return workspace(spec, SimpleNamespace(max_model_len=spec.contract.CONTEXT_BUCKETS[-1]))
 
 
-def test_the_plan_tiles_as_the_kernels_do():
-    from runtime.backends.compiled import attention
+def test_the_plan_dequantizes_as_the_kernels_do():
     from runtime.model import quant
     from runtime.planning import memory_plan
 
-    assert memory_plan.DECODE_ENTRY_TILES == attention.ENTRY_TILES
     assert memory_plan.STACK_CHUNK == quant.STACK_CHUNK
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import torch
 
+from contract.abi import INDEXER_TILES
 from contract.model_args import ModelArgs
 from runtime.backends.compiled.compressor import compress
 from runtime.backends.compiled.paged import Paged
@@ -34,8 +35,8 @@ RATIO = {"csa": 4, "hca": 128}
 STATE_GROUP = {"csa": "csa_state", "hca": "hca_state"}
 ENTRY_GROUP = {"csa": "cmp_c4", "hca": "cmp_c128"}
 MANY_QUERIES = 8      # rows longer than this score the indexer a head at a time
-ENTRY_TILES = 8       # rows up to that score it every head at once, over E / 8 entries at a
-                      # time: [N, S, heads, E / 8] scores and [N, E / 8, dim] keys at most
+ENTRY_TILES = INDEXER_TILES   # rows up to that score it every head at once, over E / 8
+                              # entries at a time: [N, S, heads, E / 8] scores at most
 
 
 def attention(p: Weights, splits: dict[str, tuple[int, ...]], args: ModelArgs, kind: str,
