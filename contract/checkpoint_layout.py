@@ -8,6 +8,8 @@ from contract.model_args import ModelArgs
 
 FP8_BLOCK = 128        # an FP8 weight's scale covers a 128 x 128 block
 FP4_GROUP = 32         # an FP4 weight's scale covers 32 inputs of a row
+STACK_CHUNK = 16       # FP4 experts dequantized at once on the device (the kernels and
+                       # the memory plan's count of their temporaries)
 
 # Matrices the release stores in FP8 but the device never holds quantized: the
 # embedding (a gather), the head and the router (read whole, in float32). Every other

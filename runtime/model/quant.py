@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 
-from contract.checkpoint_layout import FP4_GROUP, FP8_BLOCK
+from contract.checkpoint_layout import FP4_GROUP, FP8_BLOCK, STACK_CHUNK
 
 FP8 = torch.float8_e4m3fn
 FP4 = torch.uint8               # packed pairs of e2m1 codes
@@ -111,9 +111,6 @@ def stack(held: tuple[torch.Tensor, ...], which: int, dtype: torch.dtype,
     if len(held) == 2:
         return held[which][:, rows]
     return _stack(held[which][:, rows], held[which + 2][:, rows], dtype)
-
-
-STACK_CHUNK = 16    # experts dequantized at once: their temporaries, a sixteenth of the ops
 
 
 def _stack(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -22,6 +22,7 @@ from contract.abi import INDEXER_TILES
 from contract.checkpoint_layout import (
     FP4_GROUP,
     FP8_BLOCK,
+    STACK_CHUNK,
     expected_shapes,
     is_fp8_projection,
     is_routed_expert,
@@ -30,7 +31,6 @@ from contract.checkpoint_layout import (
 from contract.model_args import ModelArgs
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-STACK_CHUNK = 16           # runtime/model/quant.py STACK_CHUNK
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
