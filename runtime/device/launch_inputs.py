@@ -1,11 +1,16 @@
-"""A step's launch inputs, built on the host as numpy arrays for the launchers to
-stage: block tables, token ids, positions and row lengths, MTP slot ids, and which
-flat rows of a launch's outputs belong to which request.
+"""A step's launch inputs: token ids, positions and row lengths, MTP slot ids as small
+host arrays for the launchers to stage ([ranks, rows], O(rows) per launch); the block
+tables gathered on the device from the persistent per-slot tables (BlockTables); the
+live rows (flat rank * rows + row) the backend runs; and which flat rows of a launch's
+outputs belong to which request.
 
 A launch's rows are (rank, row, request): a decode request's row is its index among
 its rank's requests in the launch, a prefill chunk's is its slot. Rows without a
 request have length 0 and block tables of -1 (the scratch page): they read zeros and
 write only scratch pages.
+
+Nothing here reads more of a request than its tail, its last K + 1 tokens or the
+tokens of its chunk: the work per row does not grow with the context.
 """
 from __future__ import annotations
 
@@ -16,7 +21,9 @@ import numpy as np
 import torch
 
 from runtime.core.request import Request
-from runtime.core.scheduler import PrefillChunk
+from runtime.core.scheduler import PrefillChunk, SchedulerOutput
+from runtime.device.block_tables import BlockTables
+from runtime.device.upload import upload
 
 Rows = list[tuple[int, int, Request]]          # (rank, row in the launch, request)
 
@@ -39,6 +46,13 @@ def chunk_rows(chunks: list[PrefillChunk]) -> Rows:
     return [(ch.request.rank, ch.slot, ch.request) for ch in chunks]
 
 
+def live(rows: Rows, width: int, ordered: bool = True) -> np.ndarray:
+    """The rows' flat indices rank * width + row into a launch of `width` rows per rank
+    (ascending when `ordered`, as a backend takes them; else in the rows' order)."""
+    flat = np.fromiter((rank * width + row for rank, row, _ in rows), np.int64, len(rows))
+    return np.sort(flat) if ordered else flat
+
+
 class LaunchInputs:
     """The inputs of `ranks` ranks' launches under spec `spec`, K = `k` drafts."""
 
@@ -48,21 +62,23 @@ class LaunchInputs:
         self.batch = self.contract.DECODE_LAYOUTS[k].batch     # decode rows per rank
         self.prefill_shape = (ranks, self.contract.SLOTS_PER_RANK)
         self.decode_shape = (ranks, self.batch)
+        self.blocks = BlockTables(spec.pools.GROUPS, ranks, spec.pools.REQUEST_SLOTS_PER_RANK,
+                                  device)
 
-    def tables(self, rows: Rows, width: int) -> dict[str, np.ndarray]:
-        """Block tables [ranks, width, table_width] per group; -1 past each request's blocks."""
-        tables = {}
-        for group, info in self.spec.pools.GROUPS.items():
-            table = np.full((self.ranks, width, info.table_width), -1, np.int32)
-            for rank, row, request in rows:
-                ids = request.blocks[group]
-                table[rank, row, : len(ids)] = ids
-            tables[f"block_table_{group}"] = table
-        return tables
+    def update(self, out: SchedulerOutput) -> None:
+        """The step's requests' block tables brought up to date on the device."""
+        self.blocks.update([r for launch in out.decode for r in launch]
+                           + [ch.request for ch in out.prefill])
+
+    def tables(self, rows: Rows, width: int) -> dict:
+        """The launch's block tables [ranks, width, table_width] per group (-1 past each
+        request's blocks, and on rows without one) and its live rows."""
+        return dict(live=live(rows, width),
+                    **self.blocks.gather(self.blocks.slots(rows, width)))
 
     def flat_rows(self, rows: Rows, width: int) -> torch.Tensor:
         """[n] the rows' indices into a launch output viewed as [ranks * width, ...]."""
-        return torch.tensor([rank * width + row for rank, row, _ in rows], device=self.device)
+        return upload(live(rows, width, ordered=False), self.device)
 
     # -- decode ----------------------------------------------------------------------
 
@@ -119,7 +135,7 @@ class LaunchInputs:
             next_ids[r.rank, ch.slot, : len(known)] = known
             starts[r.rank, ch.slot], nrows[r.rank, ch.slot] = ch.end - width, width
         tables = self.tables(chunk_rows(chunks), self.contract.SLOTS_PER_RANK)
-        return dict(next_ids=next_ids, start_pos=starts, num_rows=nrows,
+        return dict(next_ids=next_ids, start_pos=starts, num_rows=nrows, live=tables["live"],
                     block_table_ori=tables["block_table_ori"])
 
     def first_tokens_patch(self, fill: list[PrefillChunk], first: dict[Request, int],
@@ -131,9 +147,9 @@ class LaunchInputs:
 
         def patch(args) -> None:
             if fill:
-                at = torch.tensor([(ch.request.rank, ch.slot, min(window, ch.length) - 1)
-                                   for ch in fill], device=self.device)
-                pick = torch.tensor([first[ch.request] for ch in fill], device=self.device)
+                at = upload([(ch.request.rank, ch.slot, min(window, ch.length) - 1)
+                             for ch in fill], self.device)
+                pick = upload([first[ch.request] for ch in fill], self.device)
                 args.next_ids[at[:, 0], at[:, 1], at[:, 2]] = first_tokens[pick, 0]
         return patch
 
@@ -144,14 +160,18 @@ class LaunchInputs:
         return dict(token_ids=np.zeros(self.prefill_shape + (self.contract.TILE,), np.int64),
                     start_pos=np.zeros(self.prefill_shape, np.int32),
                     chunk_lens=self._warm_lens(live), extent=self.contract.TILE,
-                    **self.tables([], self.contract.SLOTS_PER_RANK))
+                    **self._empty_tables(self.contract.SLOTS_PER_RANK))
 
     def warm_prefill_mtp(self, live: int) -> dict:
-        tables = self.tables([], self.contract.SLOTS_PER_RANK)
+        tables = self._empty_tables(self.contract.SLOTS_PER_RANK)
         return dict(next_ids=np.zeros(self.prefill_shape + (self.contract.MTP_WINDOW,),
                                       np.int64),
                     start_pos=np.zeros(self.prefill_shape, np.int32),
                     num_rows=self._warm_lens(live), block_table_ori=tables["block_table_ori"])
+
+    def _empty_tables(self, width: int) -> dict[str, torch.Tensor]:
+        """Every row on the scratch slot: block tables of -1."""
+        return self.blocks.gather(self.blocks.slots([], width))
 
     def _warm_lens(self, live: int) -> np.ndarray:
         lens = np.zeros(self.prefill_shape, np.int32)
@@ -161,7 +181,7 @@ class LaunchInputs:
     def warm_decode(self, live: int) -> dict:
         """A decode of `live` rows on empty tables; with MTP, on the scratch slot
         (generation 0, on scratch pages)."""
-        common = dict(context=self.contract.TILE, **self.tables([], self.batch))
+        common = dict(context=self.contract.TILE, **self._empty_tables(self.batch))
         if self.k:
             slots = np.full(self.decode_shape, -1, np.int32)
             slots[0, :live] = self.spec.pools.REQUEST_SLOTS_PER_RANK

@@ -26,12 +26,25 @@ from runtime.backends.arg_checks import (
     torch_dtype,
 )
 
+# The argument whose host value says which rows of a launch carry work, by kernel kind.
+_LIVE_BY = {"decode": ("row_lens", 0), "decode_mtp": ("slot_ids", -1),
+            "prefill_main": ("chunk_lens", 0), "prefill_mtp": ("num_rows", 0)}
+
 
 @cache
 def args_type(kernel: KernelABI) -> type:
-    """The named tuple a backend receives: every argument by name, then `host` (host
-    copies of the staged metadata, for decisions a backend makes before launching)."""
-    return namedtuple(f"{kernel.class_name}Args", [a.name for a in kernel.args] + ["host"])
+    """The named tuple a backend receives: every argument by name, then `host` (the
+    staged metadata given as host data, for decisions a backend makes before launching;
+    metadata given as device tensors has none) and `live` (the flat indices rank * rows
+    + row of the rows that carry work, ascending)."""
+    return namedtuple(f"{kernel.class_name}Args",
+                      [a.name for a in kernel.args] + ["host", "live"])
+
+
+def live_rows(kernel: KernelABI, host: dict[str, np.ndarray]) -> np.ndarray:
+    """The live rows from the host metadata, for a caller that does not know them."""
+    name, empty = _LIVE_BY[kernel.kind]
+    return np.flatnonzero(host[name].reshape(-1) > empty)
 
 
 @cache
@@ -108,18 +121,23 @@ class Launcher:
         dims = {RANKS: self.ranks, BLOCKS: None}
         return tuple(dims.get(d, d) for d in arg.shape)
 
-    def marshal(self, **given: Any) -> tuple:
-        """Check and stage every argument; return the launch's named arguments."""
+    def marshal(self, live: np.ndarray | None = None, **given: Any) -> tuple:
+        """Check and stage every argument; return the launch's named arguments. `live`:
+        the rows that carry work, as flat indices (the runner knows them); None derives
+        them from the host metadata."""
         if given.keys() != self._keywords:
             raise TypeError(_keyword_error(self.kernel, self._keywords, given.keys()))
         extent = check_extent(given[EXTENT], self.kernel.tile, self.kernel.max_extent) \
             if self._dynamic else None
-        host = {name: np.asarray(given[name]) for name in self._host}
-        return self._args(*(step(given, extent) for step in self._steps), host)
+        host = {name: np.asarray(given[name]) for name in self._host
+                if not isinstance(given[name], torch.Tensor)}
+        if live is None:
+            live = live_rows(self.kernel, host)
+        return self._args(*(step(given, extent) for step in self._steps), host, live)
 
-    def launch(self, **given: Any) -> tuple | None:
+    def launch(self, live: np.ndarray | None = None, **given: Any) -> tuple | None:
         """Marshal the keywords of marshal(), then run the kernel on the backend."""
-        return self.run(self.marshal(**given))
+        return self.run(self.marshal(live, **given))
 
     def run(self, args: tuple) -> tuple | None:
         """Run the kernel on arguments marshal() built; the outputs' views (None for a

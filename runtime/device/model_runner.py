@@ -19,7 +19,9 @@ row whose distribution comes out unsound (no finite mass) fails its request too.
 
 The runner orchestrates; each job has a module of its own:
 
-    launch_inputs   block tables, tokens, positions, slots of each launch (host arrays)
+    launch_inputs   tokens, positions, slots of each launch (host arrays), its block
+                    tables (gathered from block_tables: per request slot, on the
+                    device, updated with the blocks each step adds) and live rows
     sampler         sampling rows and the batch sampler's calls (sampling_state holds
                     the requests' state on the device)
     grammar_masks   structured outputs: grammars compiled off the step, token masks
@@ -113,6 +115,7 @@ class ModelRunner:
         page_copies.copy_pages(self.pools, [c for save in out.saves for c in save.copies],
                                self.device)
         self._clear(out)
+        self.inputs.update(out)
         page_copies.copy_pages(self.pools, out.restores, self.device)
         results: dict[Request, StepResult] = {}
         sampled: list[Sampled] = []

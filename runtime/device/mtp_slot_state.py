@@ -18,6 +18,7 @@ import torch
 from runtime.core.request import Request
 from runtime.core.scheduler import PrefillChunk
 from runtime.device.pools import MtpState
+from runtime.device.upload import upload
 
 
 class MtpSlotState:
@@ -37,22 +38,22 @@ class MtpSlotState:
         first_tokens [n, 1]: the fresh prompts' first tokens, row first[request]."""
         requests = [ch.request for ch in chunks]
         rank, slot = self._rank_slot(requests)
-        tail = torch.tensor([r.tail for r in requests], device=self.device)
+        tail = upload([r.tail for r in requests], self.device)
         if first:
-            fresh = torch.tensor([r in first for r in requests], device=self.device)
-            pick = torch.tensor([first.get(r, 0) for r in requests], device=self.device)
+            fresh = upload([r in first for r in requests], self.device)
+            pick = upload([first.get(r, 0) for r in requests], self.device)
             tail = torch.where(fresh, first_tokens[pick, 0], tail)
-        end = torch.tensor([ch.end for ch in chunks], device=self.device)
+        end = upload([ch.end for ch in chunks], self.device)
         state = torch.stack((tail, end, end + 1,
-                             torch.tensor([r.slot_generation for r in requests],
-                                          device=self.device)), dim=1)
+                             upload([r.slot_generation for r in requests], self.device)),
+                            dim=1)
         f = self.field
         columns = [f.TAIL_TOKEN, f.TAIL_POS, f.COMMITTED, f.GENERATION]
         self.mtp.slots[rank[:, None], slot[:, None],
-                         torch.tensor(columns, device=self.device)] = state
-        width = torch.tensor([min(self.window, ch.length) - 1 for ch in chunks],
+                         upload(columns, self.device)] = state
+        width = upload([min(self.window, ch.length) - 1 for ch in chunks],
                              device=self.device)
-        home = torch.tensor([ch.slot for ch in chunks], device=self.device)
+        home = upload([ch.slot for ch in chunks], self.device)
         self.mtp.hidden[rank, slot] = hidden[rank, home, width]
 
     def advance(self, requests: list[Request], tokens: torch.Tensor, kept: torch.Tensor,
@@ -71,5 +72,5 @@ class MtpSlotState:
         self.mtp.hidden[rank, slot] = hidden[torch.arange(len(requests)), kept.long()]
 
     def _rank_slot(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
-        pairs = torch.tensor([(r.rank, r.slot) for r in requests], device=self.device)
+        pairs = upload([(r.rank, r.slot) for r in requests], self.device)
         return pairs[:, 0], pairs[:, 1]

@@ -8,6 +8,7 @@ import torch
 
 from runtime.core.cache_manager import PageCopy, Save
 from runtime.core.scheduler import PrefillChunk
+from runtime.device.upload import upload
 
 
 def copy_pages(pools, copies: list[PageCopy], device: torch.device) -> None:
@@ -18,8 +19,7 @@ def copy_pages(pools, copies: list[PageCopy], device: torch.device) -> None:
         by_group.setdefault(c.group, []).append(c)
     for group, cs in by_group.items():
         pool = getattr(pools, group)
-        rank, src, dst = (torch.tensor(v, device=device)
-                          for v in zip(*((c.rank, c.src, c.dst) for c in cs)))
+        rank, src, dst = upload([(c.rank, c.src, c.dst) for c in cs], device).unbind(1)
         pool[rank, :, dst] = pool[rank, :, src]
 
 
@@ -27,7 +27,7 @@ def clear_pages(pools, fresh: dict[tuple[int, str], list[int]], device: torch.de
     """Targeted writes: a page handed to a new owner ((rank, group) -> block ids)
     starts zeroed."""
     for (rank, group), ids in fresh.items():
-        getattr(pools, group)[rank, :, torch.tensor(ids, device=device)] = 0
+        getattr(pools, group)[rank, :, upload(ids, device)] = 0
 
 
 def saved_at(snapshots: list[Save], pieces: list[PrefillChunk]) -> list[PageCopy]:

@@ -15,6 +15,7 @@ from runtime.core.request import Request
 from runtime.device.grammar_masks import GrammarMasks
 from runtime.device.launch_inputs import Rows
 from runtime.device.step_result import Sampled, StepResult, Timing
+from runtime.device.upload import upload
 from runtime.sampling import batch_sampler
 from runtime.sampling.sampling_state import RowParams, SamplingState
 
@@ -79,7 +80,7 @@ class Sampler:
         if not ok:
             return []
         kept = [r for r, _ in ok]
-        logits = logits[torch.tensor([i for _, i in ok], device=self.device)]
+        logits = logits[upload([i for _, i in ok], self.device)]
         counts, seen = self.sampling.penalties(rows_params)
         token, sound = batch_sampler.sample(logits, rows_params, counts, seen,
                                             self.masks.allowed(kept))

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from runtime.core.sampling_params import SamplingParams
+from runtime.device.upload import upload
 
 F32_MAX = float(np.finfo(np.float32).max)
 F32_TINY = float(np.finfo(np.float32).tiny)       # the smallest positive normal float32
@@ -122,9 +123,9 @@ class SamplingState:
             self.prompt = self._table(torch.bool)
         self.counts[state] = 0
         self.prompt[state] = False
-        self.prompt[state, torch.tensor(prompt, dtype=torch.long, device=self.device)] = True
+        self.prompt[state, upload(prompt, self.device, torch.long)] = True
         if output:
-            out = torch.tensor(output, dtype=torch.long, device=self.device)
+            out = upload(output, self.device, torch.long)
             self.counts[state].index_add_(0, out, torch.ones_like(out, dtype=torch.int32))
 
     def _set_bias(self, state: int, bias: tuple[tuple[int, float], ...]) -> None:

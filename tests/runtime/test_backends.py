@@ -67,7 +67,7 @@ def test_wrappers_launch_through_the_registered_backend():
     Launcher(tiny.kernels.PREFILL_MAIN, backend="recorder").launch(**_prefill_kwargs())
     [(name, kind, fields, lens)] = seen
     assert (name, kind) == ("prefill_main", "prefill_main")
-    assert fields == (*(a.name for a in tiny.kernels.PREFILL_MAIN.args), "host")
+    assert fields == (*(a.name for a in tiny.kernels.PREFILL_MAIN.args), "host", "live")
     assert lens.shape == (8, 4) and (lens == 256).all()   # the host copy of the metadata
 
 

@@ -59,7 +59,7 @@ class CompiledBackend(Backend):
                 with expert_parallel.fixed_rows():      # every rank: every row of the layout
                     self._decode(model, kernel, args, _every_row(args), run)
                 return
-            rows = kernels.live_rows(kernel, args)
+            rows = args.live
             if not len(rows):
                 if not expert_parallel.active() or kernel.kind == "prefill_mtp":
                     return
@@ -120,7 +120,7 @@ def _every_row(args) -> np.ndarray:
 def _padding(kernel: KernelABI, args, count: int) -> torch.Tensor:
     """Row indices of empty rows (their writes land on scratch pages), `count` of them."""
     rows = args.logits.shape[0] * args.logits.shape[1]
-    empty = np.setdiff1d(np.arange(rows), kernels.live_rows(kernel, args))[:count]
+    empty = np.setdiff1d(np.arange(rows), args.live)[:count]
     return torch.from_numpy(empty)
 
 

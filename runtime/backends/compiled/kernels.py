@@ -1,7 +1,7 @@
 """The four kernel kinds over a CompiledModel: which rows a launch carries, in what
 calls, and where the results go. No Python loop over requests, segments, ranks or
-experts and no host sync: the rows in use (live_rows, from the staged metadata's host
-copies) are gathered on the device, run as one call (a main prefill: one call per tile
+experts and no host sync: the rows in use (`args.live`, flat rank * rows + row, as the
+runner knows them) are gathered on the device, run as one call (a main prefill: one call per tile
 of its extent), and scattered back into the launcher's output buffers.
 
     decode       the launch's live rows, [N, seq]
@@ -20,13 +20,6 @@ from contract.abi import KernelABI
 from runtime.backends.compiled import expert_parallel
 from runtime.backends.compiled.model import Call, CompiledModel
 from runtime.sampling.batch_sampler import unpack_mask
-
-
-def live_rows(kernel: KernelABI, args) -> np.ndarray:
-    """Flat indices (rank * rows + row) of the rows a launch carries, from the host."""
-    mask = args.host["slot_ids"] >= 0 if kernel.kind == "decode_mtp" \
-        else args.host["row_lens" if kernel.kind == "decode" else "num_rows"] > 0
-    return np.nonzero(mask.reshape(-1))[0]
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -116,7 +109,7 @@ class Walk:
     def __init__(self, kernel: KernelABI, args):
         self.kernel, self.args, self.tile = kernel, args, kernel.tile
         lens = args.host["chunk_lens"]
-        self.home = np.nonzero(lens.reshape(-1) > 0)[0]         # flat (rank, slot) of chunks
+        self.home = args.live                                   # flat (rank, slot) of chunks
         self.chunks = len(self.home)
         self.lens = lens.reshape(-1)[self.home].astype(np.int64)
         self.starts = args.host["start_pos"].reshape(-1)[self.home].astype(np.int64)
