@@ -44,6 +44,8 @@ class BlockPool:
                      holding: Pages | None = None) -> bool:
         """Whether `need` new pages fit after `holding` (pages about to be held, some of
         them free now) is held."""
+        if not need:
+            return True
         taken = self._free_among(rank, holding or {})
         return all(self.free_count(rank, g) - taken.get(g, 0) >= n for g, n in need.items())
 

@@ -92,9 +92,15 @@ class CacheManager:
         return too_large(positions, self.formulas, self.pool.capacity)
 
     def need(self, request: Request, num_tokens: int) -> dict[str, int]:
-        """New blocks per group for the request to hold `num_tokens` positions."""
+        """New blocks per group for the request to hold `num_tokens` positions (the
+        groups that need some; empty while its blocks hold them, as on most steps)."""
         held = request.blocks
-        return {g: max(0, f(num_tokens) - len(held.get(g, ()))) for g, f in self.formulas.items()}
+        need = {}
+        for g, f in self.formulas.items():
+            more = f(num_tokens) - len(held.get(g, ()))
+            if more > 0:
+                need[g] = more
+        return need
 
     def can_allocate(self, rank: int, need: Mapping[str, int]) -> bool:
         return self.pool.can_allocate(rank, need)
@@ -102,6 +108,8 @@ class CacheManager:
     def allocate(self, request: Request, need: Mapping[str, int]) -> dict[str, list[int]]:
         """Append `need` new blocks to the request's; returns them (groups with none left
         out)."""
+        if not need:
+            return {}
         fresh = self.pool.allocate(request.rank, need)
         for group, ids in fresh.items():
             request.blocks[group].extend(ids)
