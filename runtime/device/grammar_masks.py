@@ -27,7 +27,8 @@ class GrammarMasks:
         self._masks: TokenMasks | None = None
         self._lock = threading.Lock()
         self._compiler: ThreadPoolExecutor | None = None
-        self._all_allowed: np.ndarray | None = None    # the unconstrained draft mask
+        self._all_allowed: np.ndarray | None = None    # the unconstrained draft mask,
+        self._all_allowed_here: torch.Tensor | None = None     # and its device copy
 
     # -- matchers --------------------------------------------------------------------
 
@@ -79,13 +80,16 @@ class GrammarMasks:
         return self.token_masks().masks(requests)
 
     def draft_mask(self, shape: tuple[int, int], rows: list[tuple[Request, int]] = (),
-                   tail_masks: np.ndarray | None = None) -> np.ndarray:
+                   tail_masks: np.ndarray | None = None) -> np.ndarray | torch.Tensor:
         """[ranks, batch, ceil(V / 32)] int32: the fused MTP decode's draft mask, every
-        token allowed but to the (request, row)s of `rows`, which take `tail_masks`."""
+        token allowed but to the (request, row)s of `rows`, which take `tail_masks`.
+        Without constrained rows it is a device tensor made once (nothing crosses from
+        the host), shared: no caller writes to it."""
         if self._all_allowed is None or self._all_allowed.shape[:2] != shape:
             self._all_allowed = np.full((*shape, (self.vocab_size + 31) // 32), -1, np.int32)
+            self._all_allowed_here = torch.from_numpy(self._all_allowed).to(self.device)
         if tail_masks is None:
-            return self._all_allowed          # shared: no caller writes to it
+            return self._all_allowed_here
         mask = self._all_allowed.copy()
         for (request, row), words in zip(rows, tail_masks):
             mask[request.rank, row] = words
