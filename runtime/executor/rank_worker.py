@@ -5,15 +5,19 @@ in one torch.distributed process group with the other ranks.
         [--core ADDR] [--parent PID]
 
 It holds the dense weights (replicated), its own routed experts, its own pool shards and
-MTP slots, and runs a ModelRunner over that one rank. Rank 0 takes each step's plan from
-the engine core (--core: a ZMQ PAIR address; runtime/executor/workers.py) and broadcasts it to the
-others over the group; every rank runs the step on its own requests (the MoE's tokens
-cross ranks through all-to-all, runtime/backends/compiled/expert_parallel.py), and rank 0
-gathers the results and sends them back. While the core has no step to send, rank 0
-broadcasts a heartbeat every HEARTBEAT_S, so that a rank that stops answering fails
-the group within --distributed-timeout rather than never.
+MTP slots, and runs a ModelRunner over that one rank. Rank 0 takes each step's Plan from
+the engine core (--core: a ZMQ PAIR address; runtime/executor/workers.py) and broadcasts
+its bytes to the others over a gloo control group: a length, then a uint8 tensor. Every
+rank's PlanReader (runtime/executor/step_plan.py) applies the Plan to its mirrors of the
+requests and rebuilds the rank's share of the step; every rank runs it (the MoE's tokens
+cross ranks through all-to-all, runtime/backends/compiled/expert_parallel.py), encodes
+its results, and rank 0 gathers them (lengths all-gathered, then padded uint8 tensors)
+and sends one Reply back. Every message is a typed msgspec one (plan_messages.py): no
+object is pickled, on the socket or in a collective. While the core has no step to send,
+rank 0 broadcasts a Heartbeat every HEARTBEAT_S, so that a rank that stops answering
+fails the group within --distributed-timeout rather than never.
 
-A rank exits when the core sends None (shutdown), when a collective fails (a peer died or
+A rank exits when the core sends Shutdown, when a collective fails (a peer died or
 timed out: it reports the error and exits 1), or when its parent process does.
 """
 from __future__ import annotations
@@ -23,10 +27,10 @@ import datetime
 import json
 import logging
 import os
-import pickle
 import sys
 from pathlib import Path
 
+import msgspec
 import torch
 import torch.distributed as dist
 import zmq
@@ -35,10 +39,21 @@ import generated
 from runtime.backends.compiled import expert_parallel
 from runtime.core.config import EngineConfig
 from runtime.device.model_runner import ModelRunner
-from runtime.device.step_result import StepResult
 from runtime.executor.executor import backend_name
 from runtime.executor.parent_watch import die_with_parent
-from runtime.executor.step_plan import Plan, Reply, localize
+from runtime.executor.plan_messages import (
+    Dead,
+    Heartbeat,
+    Plan,
+    RankInfo,
+    Ready,
+    Reply,
+    Result,
+    Shutdown,
+    ToRanks,
+    result_message,
+)
+from runtime.executor.step_plan import PlanReader
 from runtime.planning.admission import Admission
 from runtime.weights.loader import bytes_per_rank, load_params
 
@@ -72,7 +87,8 @@ class RankWorker:
             process_group_backend(kind), rank=rank, world_size=spec.contract.RANKS,
             init_method=f"tcp://{config.master_addr}:{config.master_port}",
             timeout=datetime.timedelta(seconds=config.distributed_timeout))
-        # plans and results travel as objects: over gloo, whatever the device's backend
+        # plans and results travel as msgpack bytes in uint8 tensors on the host: over
+        # gloo, whatever the device's backend
         self.control = dist.group.WORLD if kind == "cpu" else dist.new_group(backend="gloo")
         expert_parallel.enable(dist.group.WORLD)
         admission = Admission.plan(config, spec)
@@ -84,12 +100,13 @@ class RankWorker:
                                   max_logprobs=config.max_logprobs,
                                   checkpoint=Path(config.model))
         self.pool_bytes = admission.capacity.bytes
+        self.reader = PlanReader(rank)
+        self.encoder = msgspec.msgpack.Encoder()
 
-    def info(self) -> dict:
+    def info(self) -> RankInfo:
         """This rank, for /server_info and the startup log."""
-        return {"rank": self.rank, "pid": os.getpid(), "host": os.uname().nodename,
-                "device": str(self.device), "param_bytes": bytes_per_rank(self.params),
-                "pool_bytes": self.pool_bytes}
+        return RankInfo(self.rank, os.getpid(), os.uname().nodename, str(self.device),
+                        bytes_per_rank(self.params), self.pool_bytes)
 
     def warmup(self) -> None:
         """Every rank runs the same warm-up launches, so their collectives pair; only a
@@ -97,47 +114,74 @@ class RankWorker:
         if self.runner.compiles():
             self.runner.warmup()
 
-    def step(self, plan: Plan) -> dict[str, StepResult]:
-        for request_id in plan.forget:
+    def step(self, plan: Plan) -> bytes:
+        """This rank's share of the step, run: its requests' Results, encoded."""
+        share = self.reader.take(plan)
+        for request_id in share.forget:
             self.runner.forget(request_id)
-        results = self.runner.execute(localize(plan.out, self.rank), plan.extents)
-        return {request.request_id: result for request, result in results.items()}
+        results = self.runner.execute(share.out, share.extents)
+        return self.encoder.encode([result_message(self.reader.handle(request), result)
+                                    for request, result in results.items()])
 
-    def gather(self, value):
-        """Every rank's `value`, on rank 0 (None elsewhere)."""
-        out = [None] * dist.get_world_size() if self.rank == 0 else None
-        dist.gather_object(value, out, dst=0, group=self.control)
-        return out
+    def reply(self, parts: list[bytes]) -> Reply:
+        """Rank 0: every rank's results and its own time and dispatch counts."""
+        results = [r for part in parts for r in msgspec.msgpack.decode(part, type=list[Result])]
+        t = self.runner.timing
+        return Reply(results, (t.marshal, t.kernel, t.sample), dict(self.runner.dispatches))
 
-    def broadcast(self, value):
-        """Rank 0's `value` on every rank."""
-        box = [value]
-        dist.broadcast_object_list(box, src=0, group=self.control)
-        return box[0]
+    def broadcast(self, data: bytes | None) -> bytes:
+        """Rank 0's `data` on every rank: its length, then its bytes as a uint8 tensor."""
+        size = torch.tensor([len(data) if self.rank == 0 else 0], dtype=torch.int64)
+        dist.broadcast(size, src=0, group=self.control)
+        box = _tensor(data) if self.rank == 0 else torch.empty(int(size), dtype=torch.uint8)
+        dist.broadcast(box, src=0, group=self.control)
+        return box.numpy().tobytes()
+
+    def gather(self, data: bytes) -> list[bytes] | None:
+        """Every rank's `data`, on rank 0 (None elsewhere): the lengths all-gathered, then
+        each rank's bytes padded to the longest, gathered."""
+        ranks = dist.get_world_size(self.control)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(ranks)]
+        dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64), group=self.control)
+        longest = max(int(s) for s in sizes)
+        padded = torch.zeros(longest, dtype=torch.uint8)
+        padded[:len(data)] = _tensor(data)
+        boxes = [torch.empty(longest, dtype=torch.uint8) for _ in range(ranks)] \
+            if self.rank == 0 else None
+        dist.gather(padded, boxes, dst=0, group=self.control)
+        if boxes is None:
+            return None
+        return [box[:int(n)].numpy().tobytes() for box, n in zip(boxes, sizes)]
+
+
+def _tensor(data: bytes) -> torch.Tensor:
+    """[len(data)] uint8, a copy (frombuffer takes neither read-only nor empty buffers)."""
+    if not data:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
 def serve(worker: RankWorker, core: zmq.Socket | None) -> None:
-    """The step loop: rank 0 relays plans from the core (core is its socket), the
-    others follow. Returns on shutdown."""
-    infos = worker.gather(worker.info())
+    """The step loop: rank 0 relays messages from the core (core is its socket), the
+    others follow. Returns on Shutdown."""
+    encode, decoder = worker.encoder.encode, msgspec.msgpack.Decoder(ToRanks)
+    infos = worker.gather(encode(worker.info()))
     worker.warmup()
     if core is not None:
-        core.send(pickle.dumps(("ready", infos)))
+        core.send(encode(Ready([msgspec.msgpack.decode(i, type=RankInfo) for i in infos])))
+    heartbeat = encode(Heartbeat())
     while True:
-        plan = "heartbeat"
+        data = heartbeat
         if core is not None and core.poll(int(HEARTBEAT_S * 1000)):
-            plan = pickle.loads(core.recv())
-        plan = worker.broadcast(plan)             # rank 0's; the others' value is dropped
-        if plan is None:
+            data = core.recv()
+        message = decoder.decode(worker.broadcast(data))    # rank 0's, on every rank
+        if isinstance(message, Shutdown):
             return
-        if plan == "heartbeat":
+        if isinstance(message, Heartbeat):
             continue
-        results = worker.gather(worker.step(plan))
+        parts = worker.gather(worker.step(message))
         if core is not None:
-            merged = {k: v for part in results for k, v in part.items()}
-            t = worker.runner.timing
-            core.send(pickle.dumps(("step", Reply(
-                merged, (t.marshal, t.kernel, t.sample), dict(worker.runner.dispatches)))))
+            core.send(encode(worker.reply(parts)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - reported, then the whole group goes
         log.exception("rank %d failed", args.rank)
         if core is not None:
-            core.send(pickle.dumps(("dead", f"rank {args.rank}: {type(exc).__name__}: {exc}")))
+            core.send(msgspec.msgpack.encode(
+                Dead(f"rank {args.rank}: {type(exc).__name__}: {exc}")))
         return 1
     finally:
         if dist.is_initialized():

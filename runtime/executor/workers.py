@@ -5,19 +5,30 @@ The engine process starts this node's ranks (runtime/executor/rank_worker.py, on
 ranks node_rank * per_node ...), every one dying with it; the ranks of the other nodes
 are started there by the same command with --node-rank (run_node). All ranks meet in one
 torch.distributed group at master_addr:master_port, torchrun style. The engine talks to
-rank 0 alone, over a ZMQ PAIR socket: a pickled Plan per step out, a Reply back (rank 0
-broadcasts and gathers over the group).
+rank 0 alone, over a ZMQ PAIR socket, in typed msgpack messages (plan_messages.py; no
+pickle anywhere: whatever reaches the port decodes into plain data or fails):
+
+    engine -> rank 0   a Plan per step: only what changed since the ranks last saw the
+                       step's requests (a PlanWriter, step_plan.py: a prompt once, then
+                       new tokens, blocks and placements; a decode row costs a few bytes,
+                       whatever its context); Shutdown on close
+    rank 0 -> engine   Ready once (every rank's RankInfo), a Reply per Plan (each
+                       request's Result under its handle, rank 0's timing and dispatch
+                       counts), or Dead
+
+Rank 0 broadcasts each Plan to the other ranks and gathers their results over the group
+(rank_worker.py). A request's own failure on a rank comes back as its type name and text,
+rebuilt here as an exception that reads the same (plan_messages.rebuilt).
 
 Faults: while it waits, the engine watches its ranks' processes. A rank that exits (or
-a Reply that says a rank failed) fails the engine at once with WorkerDied, and every
-rank of this node is killed; the other nodes' ranks fail their next collective (or
-time out, --distributed-timeout) and exit.
+a Dead message: a rank failed) fails the engine at once with WorkerDied, and every rank
+of this node is killed; the other nodes' ranks fail their next collective (or time out,
+--distributed-timeout) and exit.
 """
 from __future__ import annotations
 
 import json
 import os
-import pickle
 import socket
 import subprocess
 import sys
@@ -26,6 +37,7 @@ from collections import Counter
 from concurrent.futures import Future
 from dataclasses import asdict, replace
 
+import msgspec
 import zmq
 
 from runtime.core.request import Request
@@ -33,7 +45,15 @@ from runtime.core.scheduler import SchedulerOutput
 from runtime.device.launch_inputs import prefill_extents
 from runtime.device.step_result import StepResult, Timing
 from runtime.executor.parent_watch import arm_death_signal
-from runtime.executor.step_plan import Plan, Reply
+from runtime.executor.plan_messages import (
+    Dead,
+    FromRanks,
+    Ready,
+    Reply,
+    Shutdown,
+    step_result,
+)
+from runtime.executor.step_plan import PlanWriter
 from runtime.text.grammar import StructuredOutputs
 
 POLL_MS = 100
@@ -137,25 +157,25 @@ class Workers:
         self.processes = start_ranks(self.config, mine, f"tcp://127.0.0.1:{port}")
         self.timing, self.dispatches = Timing(), Counter()
         self.device = self.config.device or "per rank"
-        self._forget: list[str] = []
+        self.writer, self._forget = PlanWriter(), []
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(FromRanks)
         try:
-            self.ranks = self._receive("ready")
+            ready: Ready = self._receive(Ready)
+            self.ranks = [msgspec.structs.asdict(info) for info in ready.ranks]
         except BaseException:
             self.close()
             raise
 
     def execute(self, out: SchedulerOutput) -> dict[Request, StepResult]:
         """Run one step on every rank; the results by request."""
-        plan = Plan(out, prefill_extents(self.contract, out.prefill_launches()),
-                    self._forget)
+        extents = prefill_extents(self.contract, out.prefill_launches())
+        self.socket.send(self.writer.write(out, extents, self._forget))
         self._forget = []
-        self.socket.send(pickle.dumps(plan))
-        reply: Reply = self._receive("step")
+        reply: Reply = self._receive(Reply)
         self.timing = Timing(*reply.timing)
         self.dispatches = Counter(reply.dispatches)
-        by_id = {r.request_id: r for launch in out.decode for r in launch}
-        by_id.update((ch.request.request_id, ch.request) for ch in out.prefill)
-        return {by_id[i]: result for i, result in reply.results.items()}
+        return {self.writer.request(r.handle): step_result(r) for r in reply.results}
 
     def forget(self, request_id: str) -> None:
         self._forget.append(request_id)
@@ -191,7 +211,7 @@ class Workers:
         """Nothing here: the rank processes hold the weights and pools."""
         return {"resident_weight_bytes": 0, "resident_pool_bytes": 0}
 
-    def _receive(self, kind: str):
+    def _receive(self, kind: type):
         """The next message from rank 0, of `kind`; WorkerDied if a rank of this node
         exits first or rank 0 reports a failure."""
         while not self.socket.poll(POLL_MS):
@@ -199,18 +219,18 @@ class Workers:
                 if p.poll() is not None:
                     raise WorkerDied(f"rank worker {rank} (pid {p.pid}) exited with "
                                      f"code {p.returncode}")
-        got, body = pickle.loads(self.socket.recv())
-        if got == "dead":
-            raise WorkerDied(body)
-        if got != kind:
-            raise WorkerDied(f"rank 0 sent {got!r} where {kind!r} was due")
-        return body
+        got = self._decoder.decode(self.socket.recv())
+        if isinstance(got, Dead):
+            raise WorkerDied(got.error)
+        if not isinstance(got, kind):
+            raise WorkerDied(f"rank 0 sent {type(got).__name__} where {kind.__name__} was due")
+        return got
 
     def close(self) -> None:
         """Shut every rank down (politely if rank 0 still listens), then reap them."""
         if all(p.poll() is None for p in self.processes):
             try:
-                self.socket.send(pickle.dumps(None), zmq.NOBLOCK)
+                self.socket.send(self._encoder.encode(Shutdown()), zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
             deadline = time.monotonic() + 5.0

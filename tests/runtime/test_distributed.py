@@ -1,7 +1,8 @@
-"""Ranks as processes (--distributed-executor-backend mp): each step's share per rank,
-each rank's weights, and eight gloo workers (one thread each) giving the outputs of the
+"""Ranks as processes (--distributed-executor-backend mp): node layout and ports, each
+rank's weights, and eight gloo workers (one thread each) giving the outputs of the
 single-process engine: code prompts, chunked prefill, preemption, 64 at once, MTP on and
-off, and over two "nodes" on one machine."""
+off, and over two "nodes" on one machine. (What a step sends the ranks, and each rank's
+share of it: test_step_plan.py.)"""
 from __future__ import annotations
 
 import subprocess
@@ -13,11 +14,8 @@ import torch
 import generated
 from runtime.core.config import EngineConfig
 from runtime.core.prefix_cache import Layout
-from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
-from runtime.core.scheduler import PrefillChunk, SchedulerOutput
 from runtime.engine.engine import Engine
-from runtime.executor.step_plan import localize
 from runtime.executor.workers import free_port, node_ranks, resolve
 from runtime.planning import capacity
 from runtime.planning.admission import ConfigError
@@ -35,25 +33,6 @@ GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 # a constraint: each rank's runner keeps its own requests' matchers and draft masks
 CHOICE = SamplingParams(temperature=0, max_tokens=12, structured=StructuredOutputs(
     regex="(yes|no|maybe)( (yes|no|maybe)){0,5}"))
-
-
-def _request(rid: str, rank: int) -> Request:
-    return Request(rid, [5, 6, 7], GREEDY, 0, rank=rank, slot=1)
-
-
-# -- a step's share per rank -------------------------------------------------------------
-
-def test_a_rank_gets_its_requests_made_local_and_every_launch():
-    a, b, c = _request("a", 0), _request("b", 3), _request("c", 3)
-    out = SchedulerOutput(decode=[[a, b], [a]], prefill=[PrefillChunk(c, 2, 0, 3)],
-                          fresh_blocks={(3, "ori"): [4], (0, "ori"): [1]}, fresh_slots=[c])
-    mine = localize(out, 3)
-    assert [[r.request_id for r in launch] for launch in mine.decode] == [["b"], []]
-    assert [(ch.request.request_id, ch.slot) for ch in mine.prefill] == [("c", 2)]
-    assert mine.fresh_blocks == {(0, "ori"): [4]}
-    assert [r.request_id for r in mine.fresh_slots] == ["c"]
-    assert b.rank == 0 and c.rank == 0 and a.rank == 0     # renumbered: the worker's copies
-    assert localize(SchedulerOutput(decode=[[_request("d", 1)]]), 2).decode == [[]]
 
 
 def test_node_layout_and_ports_are_checked():
