@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import secrets
 
+from runtime.text.growing_text import GrowingText
 from server.chat import ChatOptions, ChatPlan
 from server.v4_output import Parsed, V4OutputParser
 
@@ -35,9 +36,11 @@ class ChatOutput:
         self.parser = None
         if self.mode in ("auto", "none") and (self.reasoning or self.mode == "auto"):
             self.parser = V4OutputParser(reasoning=self.reasoning, tools=self.mode == "auto")
-        self.reasoning_text, self.content, self.raw = "", "", ""
-        self.calls: list[dict] = []            # OpenAI tool calls, arguments growing
-        self._read = 0                         # required: raw text read into calls
+        # appended to per feed, joined by message(): a feed costs O(its text)
+        self._reasoning, self._content = GrowingText(), GrowingText()
+        self._arguments = GrowingText()        # named: the one call's arguments
+        self.calls: list[dict] = []            # OpenAI tool calls (named: see message)
+        self._unread = ""                      # required: the text past the last call
 
     def feed(self, text: str, final: bool = False) -> dict:
         """The delta `text` makes; `final`: the output ended with it (release the rest)."""
@@ -49,12 +52,19 @@ class ChatOutput:
             delta[key] = delta.get(key, type(value)()) + value
         return delta
 
+    @property
+    def content(self) -> str:
+        return str(self._content)
+
+    @property
+    def reasoning_text(self) -> str:
+        return str(self._reasoning)
+
     def _feed(self, text: str) -> dict:
-        self.raw += text
         if self.mode == "named":
-            return self._arguments(text)
+            return self._argument(text)
         if self.mode == "required":
-            return self._required()
+            return self._required(text)
         if self.parser is None:
             return self._delta(Parsed(content=text))
         return self._delta(self.parser.feed(text))
@@ -67,8 +77,11 @@ class ChatOutput:
         return self._delta(self.parser.finish())
 
     def message(self) -> dict:
-        message = {"role": "assistant",
-                   "content": self.content if self.content or not self.calls else None}
+        if self.mode == "named" and self.calls:          # its arguments, joined here
+            self.calls[0]["function"]["arguments"] = str(self._arguments)
+        content = self.content
+        message = {"role": "assistant", "content": content if content or not self.calls
+                   else None}
         if self.reasoning:
             message["reasoning_content"] = self.reasoning_text
         if self.calls:
@@ -84,10 +97,10 @@ class ChatOutput:
     def _delta(self, parsed: Parsed) -> dict:
         delta = {}
         if parsed.reasoning:
-            self.reasoning_text += parsed.reasoning
+            self._reasoning.append(parsed.reasoning)
             delta["reasoning_content"] = parsed.reasoning
         if parsed.content:
-            self.content += parsed.content
+            self._content.append(parsed.content)
             delta["content"] = parsed.content
         calls = [self._call(c.name, c.arguments) for c in parsed.tool_calls]
         if calls:
@@ -102,34 +115,40 @@ class ChatOutput:
         return {"index": len(self.calls) - 1, **call,
                 "function": dict(call["function"])}
 
-    def _arguments(self, text: str) -> dict:
-        """The named function's arguments grow by text."""
+    def _argument(self, text: str) -> dict:
+        """The named function's arguments grow by text (its call's "arguments" is set
+        from them when message() is read)."""
+        self._arguments.append(text)
         if not self.calls:
             return {"tool_calls": [self._call(self.name, text)]}
         if not text:
             return {}
-        self.calls[0]["function"]["arguments"] += text
         return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}
 
-    def _required(self) -> dict:
+    def _required(self, text: str) -> dict:
         """Each call of the JSON array `[call, call, ...]` once its object is complete
-        (an object that closes cannot grow, so where the text is cut does not matter)."""
+        (an object that closes cannot grow, so where the text is cut does not matter).
+        An object closes with "}": text without one completes no call, and is only kept."""
+        self._unread += text
+        if "}" not in text:
+            return {}
         calls = []
         while True:
-            at = _skip(self.raw, self._read, "[, \n")
+            at = _skip(self._unread, 0, "[, \n")
             try:
-                call, end = _DECODER.raw_decode(self.raw, at)
+                call, end = _DECODER.raw_decode(self._unread, at)
                 name, args = call["name"], json.dumps(call["parameters"], ensure_ascii=False)
             except (ValueError, TypeError, KeyError, RecursionError):
                 break
             calls.append(self._call(name, args))
-            self._read = end
+            self._unread = self._unread[end:]
         return {"tool_calls": calls} if calls else {}
 
     def _leftover(self) -> dict:
         """What follows the last whole call, if more than the array's end: the output
         was cut short (or is not an array), and the text comes back as content."""
-        rest = self.raw[_skip(self.raw, self._read, "[, \n"):] if self.calls else self.raw
+        rest = self._unread[_skip(self._unread, 0, "[, \n"):] if self.calls \
+            else self._unread
         if not rest.strip(" \n,]"):
             return {}
         return self._delta(Parsed(content=rest))

@@ -4,17 +4,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from runtime.engine.output_processor import RequestOutput
+from runtime.text.growing_text import GrowingText
 from runtime.text.tokenizer import Tokenizer
 from server.chat_output import ChatOutput
 
 
 @dataclass
 class ChoiceState:
-    """What one choice has produced so far."""
+    """What one choice has produced so far; adding an output costs O(its news)."""
 
     index: int
     prompt_tokens: int
-    text: str = ""
+    released: GrowingText = field(default_factory=GrowingText)   # `text`, unjoined
     token_ids: list[int] = field(default_factory=list)
     logprobs: list = field(default_factory=list)
     finish_reason: str | None = None
@@ -26,13 +27,18 @@ class ChoiceState:
     def add(self, out: RequestOutput) -> None:
         if out.num_cached_tokens is not None:
             self.cached_tokens = out.num_cached_tokens
-        self.text += out.new_text
+        self.released.append(out.new_text)
         if self.reader is not None:
             self.delta = self.reader.feed(out.new_text, final=out.finished)
         self.token_ids += out.new_ids
         self.logprobs += out.logprobs
         if out.finished:
             self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
+
+    @property
+    def text(self) -> str:
+        """The choice's text so far (joined: O(length), for the whole response)."""
+        return str(self.released)
 
     def logprobs_delta(self, out: RequestOutput, tokenizer: Tokenizer | None):
         return _completion_logprobs(out.logprobs, tokenizer, 0) if out.logprobs else None

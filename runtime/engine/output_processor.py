@@ -9,6 +9,11 @@ string ending it, the output ids so far. An output the processor ended (a stop s
 its own text failing) must end where the request runs: the in-process Engine finishes it
 in its scheduler, the CoreClient sends its core an Abort.
 
+An output is a snapshot made in O(new tokens), whatever the output's length: its
+`output_ids` a view of the request's append-only id list (IdsSnapshot), its `text` a view
+of the detokenizer's append-only released text (TextSnapshot), joined when first read.
+Neither changes when later steps append; nothing copies the ids or the text so far.
+
 The Engine runs one over its own steps (without a tokenizer in an engine core process:
 ids only); the CoreClient runs one over the Deltas its core sends.
 """
@@ -21,7 +26,9 @@ from dataclasses import dataclass, field
 import msgspec
 
 from runtime.device.step_result import TokenLogprobs
+from runtime.engine.ids_snapshot import IdsSnapshot
 from runtime.text.detokenizer import Detokenizer
+from runtime.text.growing_text import EMPTY, TextSnapshot
 from runtime.text.tokenizer import Tokenizer
 
 log = logging.getLogger("v4serve.engine")
@@ -29,10 +36,11 @@ log = logging.getLogger("v4serve.engine")
 
 @dataclass
 class RequestOutput:
+    """One step's news of a request, and everything so far as of that step."""
+
     request_id: str
-    prompt_ids: list[int]
-    output_ids: list[int]            # every token so far
-    text: str                        # every released character so far
+    prompt_ids: list[int]            # the list given to add (shared, not copied)
+    output_ids: IdsSnapshot          # every token so far (a read-only list)
     new_ids: list[int]
     new_text: str
     finished: bool
@@ -41,6 +49,12 @@ class RequestOutput:
     logprobs: list[TokenLogprobs] = field(default_factory=list)   # of new_ids
     error: str | None = None         # the request failed (finish_reason "error"); why
     num_cached_tokens: int | None = None   # prompt tokens found in the prefix cache
+    released: TextSnapshot = field(default_factory=lambda: EMPTY, repr=False)  # as `text`
+
+    @property
+    def text(self) -> str:
+        """Every released character so far (joined on first read, O(length) once)."""
+        return str(self.released)
 
 
 class Delta(msgspec.Struct, array_like=True):
@@ -63,6 +77,7 @@ class _Tracked:
 
     prompt_ids: list[int]
     detok: Detokenizer | None                 # None: no tokenizer here, ids only
+    # append-only: the outputs made so far are views of its first ids
     output_ids: list[int] = field(default_factory=list)
 
 
@@ -110,8 +125,9 @@ class OutputProcessor:
 
     @staticmethod
     def _text(tracked: _Tracked, delta: Delta) -> RequestOutput:
-        out = RequestOutput(delta.request_id, tracked.prompt_ids, list(tracked.output_ids),
-                            "", delta.new_ids, "", delta.finished, delta.finish_reason,
+        out = RequestOutput(delta.request_id, tracked.prompt_ids,
+                            IdsSnapshot(tracked.output_ids), delta.new_ids, "",
+                            delta.finished, delta.finish_reason,
                             delta.stop_reason, delta.logprobs,
                             num_cached_tokens=delta.num_cached_tokens)
         if tracked.detok is not None:
@@ -133,14 +149,14 @@ def _release(detok: Detokenizer, out: RequestOutput) -> None:
         out.finished, out.finish_reason, out.stop_reason = True, "stop", stop
     elif out.finished:
         out.new_text += detok.flush()
-    out.text = detok.text
+    out.released = detok.released.snapshot()
 
 
 def _failed(request_id: str, tracked: _Tracked, error: str,
             num_cached_tokens: int | None) -> RequestOutput:
     """A failed request's last output: its ids so far, no text, finish_reason "error"."""
-    return RequestOutput(request_id, tracked.prompt_ids, list(tracked.output_ids), "", [], "",
-                         True, "error", error=error, num_cached_tokens=num_cached_tokens)
+    return RequestOutput(request_id, tracked.prompt_ids, IdsSnapshot(tracked.output_ids), [],
+                         "", True, "error", error=error, num_cached_tokens=num_cached_tokens)
 
 
 def _describe(error: Exception) -> str:

@@ -177,7 +177,7 @@ def _generate(engine: Engine, args: argparse.Namespace, prompts, params) -> int:
     for (where, _), output in zip(prompts, outputs):
         if args.json:
             print(json.dumps({"source": where, "prompt_token_ids": output.prompt_ids,
-                              "output_token_ids": output.output_ids, "text": output.text,
+                              "output_token_ids": list(output.output_ids), "text": output.text,
                               "finish_reason": output.finish_reason,
                               "error": output.error}))
             continue

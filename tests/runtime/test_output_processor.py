@@ -3,14 +3,18 @@ stop strings for the in-process engine and the core client) and the intake both 
 requests through (a refusal sorted by whose fault it is)."""
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from runtime.core.sampling_params import InvalidParam, SamplingParams
 from runtime.engine.client import RequestFailedError
 from runtime.engine.intake import Abort, Add, Refused, take
 from runtime.engine.output_processor import Delta, OutputProcessor
+from runtime.text.growing_text import CHUNK
 from runtime.text.tokenizer import Tokenizer
 from tests.conftest import REPO
+from tests.runtime.allocation import peak_bytes, tracing
 from tests.runtime.engine_support import FAULT, break_detokenizer
 
 TOK = Tokenizer(REPO / "models" / "tiny")
@@ -117,3 +121,47 @@ def test_intake_adds_and_aborts_in_order():
     assert take(engine, Add("r", "a prompt", SamplingParams())) is None
     assert take(engine, Abort(["r", "s"])) is None
     assert engine.added == ["r"] and engine.aborted == ["r", "s"]
+
+
+# -- the work per step does not grow with the output --------------------------------------
+
+LONG = TOK.encode("def fibonacci(n): return n if n < 2 else fibonacci(n - 1) + n\n" * 1400,
+                  add_special_tokens=False)
+
+
+def test_outputs_are_snapshots_that_later_steps_leave_as_they_were():
+    processor = OutputProcessor(TOK)
+    processor.add("a", [1, 2], stop=("never seen",))
+    outs = _run(processor, "a", LONG[:3000], step=1)
+    for n in (0, 1, 50, 1500):      # each output still reads as of its own step
+        assert outs[n].output_ids == LONG[:n + 1] == list(outs[n].output_ids)
+        assert outs[n].text == "".join(o.new_text for o in outs[:n + 1])
+    last = outs[-1]
+    assert last.text == TOK.decode(LONG[:3000]) and last.output_ids == tuple(LONG[:3000])
+    assert last.output_ids[-2:] == LONG[2998:3000] and last.output_ids[-1] == LONG[2999]
+    assert [9] + outs[1].output_ids == [9, *LONG[:2]] == [9] + list(outs[1].output_ids)
+    assert last.prompt_ids is outs[0].prompt_ids       # the prompt is never copied
+
+
+def test_the_memory_a_step_allocates_does_not_grow_with_the_output():
+    """20,000 steps of one token: the last steps allocate about what the early ones do
+    (a step that copied the ids so far would allocate 8 bytes an id: 160 kB at the end).
+    Medians over 200 steps, as a list's growth now and then reallocates it (amortized
+    O(1) an append)."""
+    processor = OutputProcessor(TOK)
+    processor.add("a", [1, 2], stop=("never seen", ")n("))
+    assert len(LONG) > 20_000
+    peaks: dict[int, int] = {}
+    with tracing():
+        for at, token in enumerate(LONG[:20_000]):
+            def step(token=token):
+                return processor.process([Delta("a", [token], False)])
+            if 1000 <= at < 1200 or at >= 19_800:
+                peaks[at] = peak_bytes(step)
+            else:
+                step()
+    start = statistics.median(v for k, v in peaks.items() if k < 1200)
+    end = statistics.median(v for k, v in peaks.items() if k >= 19_800)
+    # the tail of the released text (under CHUNK characters, 4 bytes each at most) is
+    # all an add copies of it: where it stands differs between the two samples
+    assert end <= 2 * start + 4 * CHUNK and end < 8_000, (start, end)

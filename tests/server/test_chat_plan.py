@@ -4,15 +4,21 @@ streamed (server/chat_output.py)."""
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
+from runtime.engine.ids_snapshot import IdsSnapshot
+from runtime.engine.output_processor import RequestOutput
+from runtime.text.growing_text import CHUNK
 from runtime.text.tokenizer import Tokenizer
 from server import chat, v4_encoding
 from server.chat import ChatOptions, ChatPlan
 from server.chat_output import ChatOutput
 from server.protocol import APIError, ChatCompletionRequest
+from server.responses import ChoiceState
 from tests.conftest import REPO
+from tests.runtime.allocation import peak_bytes, tracing
 from tests.server.v4_tokenizer import write_v4_tokenizer
 
 TINY = REPO / "models" / "tiny"
@@ -216,3 +222,29 @@ def test_a_call_nested_too_deep_to_parse_comes_back_as_content():
             f'string="false">{deep}</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>')
     message, _ = _read(ChatPlan([], False, "auto"), PARSERS, [text])
     assert "tool_calls" not in message and deep in message["content"]
+
+
+# -- a long output: what a step adds to a choice costs the same at its end -----------------
+
+@pytest.mark.parametrize(("mode", "thinking", "piece"), [
+    ("none", False, "some content, "),
+    ("auto", True, "a long thought "),
+    ("named", False, '"x", '),
+    ("required", False, '{"name": "f", "parameters": {}}, ')])
+def test_a_choice_takes_each_output_in_memory_that_does_not_grow_with_its_text(
+        mode, thinking, piece):
+    """20,000 outputs into one chat choice: the last adds allocate about what the early
+    ones do (a copy of the text so far would be some 300 kB by then)."""
+    state = ChoiceState(0, 1, reader=ChatOutput(ChatPlan([], thinking, mode, "f"), PARSERS))
+    peaks: dict[int, int] = {}
+    with tracing():
+        for at in range(20_000):
+            out = RequestOutput("r", [], IdsSnapshot([]), [7], piece, False)
+            if 1000 <= at < 1200 or at >= 19_800:
+                peaks[at] = peak_bytes(lambda out=out: state.add(out))
+            else:
+                state.add(out)
+    start = statistics.median(v for k, v in peaks.items() if k < 1200)
+    end = statistics.median(v for k, v in peaks.items() if k >= 19_800)
+    assert end <= 2 * start + 4 * CHUNK and end < 16_000, (start, end)
+    assert len(state.text) == 20_000 * len(piece)
