@@ -53,6 +53,15 @@ def live(rows: Rows, width: int, ordered: bool = True) -> np.ndarray:
     return np.sort(flat) if ordered else flat
 
 
+def _scatter(shape: tuple[int, ...], at: np.ndarray, values, dtype, fill: int = 0
+             ) -> np.ndarray:
+    """An array of `shape` holding `values` at the flat rows `at` (one value a row of
+    the first two dimensions), `fill` elsewhere."""
+    out = np.full(shape, fill, dtype)
+    out.reshape(shape[0] * shape[1], -1)[at, 0] = np.fromiter(values, dtype, len(at))
+    return out
+
+
 class LaunchInputs:
     """The inputs of `ranks` ranks' launches under spec `spec`, K = `k` drafts."""
 
@@ -91,22 +100,25 @@ class LaunchInputs:
 
     def decode_tokens(self, rows: Rows) -> dict:
         """A plain decode's rows: each request's last token at its position."""
-        tokens = np.zeros(self.decode_shape + (1,), np.int64)
-        positions = np.zeros(self.decode_shape, np.int32)
-        lens = np.zeros(self.decode_shape, np.int32)
-        for rank, row, request in rows:
-            tokens[rank, row, 0] = request.tail
-            positions[rank, row], lens[rank, row] = request.num_tokens - 1, 1
-        return dict(token_ids=tokens, positions=positions, row_lens=lens)
+        at = live(rows, self.batch, ordered=False)
+        requests = [r for _, _, r in rows]
+        return dict(
+            token_ids=_scatter(self.decode_shape + (1,), at, (r.tail for r in requests),
+                               np.int64),
+            positions=_scatter(self.decode_shape, at, (r.num_tokens - 1 for r in requests),
+                               np.int32),
+            row_lens=_scatter(self.decode_shape, at, (1 for _ in requests), np.int32))
 
     def decode_slots(self, rows: Rows) -> dict:
         """A fused MTP decode's rows: each request's slot and its generation (-1: no
         row; a row whose slot moved on to another generation is skipped)."""
-        slot_ids = np.full(self.decode_shape, -1, np.int32)
-        gens = np.zeros(self.decode_shape, np.int64)
-        for rank, row, request in rows:
-            slot_ids[rank, row], gens[rank, row] = request.slot, request.slot_generation
-        return dict(slot_ids=slot_ids, slot_gens=gens)
+        at = live(rows, self.batch, ordered=False)
+        requests = [r for _, _, r in rows]
+        return dict(
+            slot_ids=_scatter(self.decode_shape, at, (r.slot for r in requests), np.int32,
+                              fill=-1),
+            slot_gens=_scatter(self.decode_shape, at, (r.slot_generation for r in requests),
+                               np.int64))
 
     # -- prefill ---------------------------------------------------------------------
 

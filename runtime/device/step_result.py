@@ -78,19 +78,18 @@ def to_host(sampled: list[Sampled], max_logprobs: int) -> dict[Request, StepResu
         if s.logits is not None:
             top = batch_sampler.top_width(max_logprobs, s.logits.shape[-1])
             logprobs, at = _unpack_logprobs(host, at, n, width, top)
-        for i, request in enumerate(s.requests):
-            results[request] = _result(request, tokens[i, : count[i]], sound[i], s.drafted,
-                                       logprobs, i)
+        rows = zip(s.requests, tokens.tolist(), count.tolist(), sound.tolist())
+        for i, (request, row, n, ok) in enumerate(rows):
+            results[request] = _result(request, row[:n], ok, s.drafted, logprobs, i)
     return results
 
 
-def _result(request: Request, tokens: np.ndarray, sound: bool, drafted: int,
+def _result(request: Request, tokens: list[int], sound: bool, drafted: int,
             logprobs, i: int) -> StepResult:
     if not sound:
         return StepResult([], error=SamplingFailure(
             "no token has a finite, positive probability under this request's "
             "sampling parameters"))
-    tokens = tokens.tolist()
     lps = None
     if request.params.logprobs is not None:
         chosen, ids, vals = logprobs

@@ -58,15 +58,13 @@ def row_params(params: list[SamplingParams], seeds: list[int], counters: list[in
                states: list[int], device: torch.device) -> RowParams:
     """RowParams from the rows' SamplingParams: built on the host, two copies to the
     device; no bias rows (SamplingState.row_params adds the requests' own)."""
-    n = len(params)
-    floats = np.zeros((6, n), np.float32)
-    ints = np.zeros((4, n), np.int64)
-    for i, p in enumerate(params):
-        temperature = 0.0 if p.greedy else min(p.temperature, F32_MAX)
-        floats[:, i] = (temperature, p.top_p, p.min_p, p.presence_penalty,
-                        p.frequency_penalty, min(max(p.repetition_penalty, F32_TINY), F32_MAX))
-        ints[:, i] = (min(max(p.top_k, 0), TOP_K_CAP), seeds[i], counters[i], states[i])
-    f, i64 = torch.from_numpy(floats).to(device), torch.from_numpy(ints).to(device)
+    floats = np.array([(0.0 if p.greedy else min(p.temperature, F32_MAX), p.top_p, p.min_p,
+                        p.presence_penalty, p.frequency_penalty,
+                        min(max(p.repetition_penalty, F32_TINY), F32_MAX)) for p in params],
+                      np.float32).reshape(-1, 6).T
+    ints = np.array([[min(max(p.top_k, 0), TOP_K_CAP) for p in params], seeds, counters,
+                     states], np.int64).reshape(4, -1)
+    f, i64 = upload(floats, device), upload(ints, device)
     return RowParams(
         temperature=f[0], top_p=f[1], min_p=f[2], presence=f[3], frequency=f[4],
         repetition=f[5], top_k=i64[0], seed=i64[1], counter=i64[2], state=i64[3], bias=None,
