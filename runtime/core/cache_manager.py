@@ -34,6 +34,7 @@ from runtime.core.prefix_cache import CacheStats, Layout
 from runtime.core.request import Request
 
 Hit = list[dict[str, int]]                 # a cached prefix's entries, block 0 first
+REACH_CAP = 1 << 40                         # positions beyond any context
 Pin = tuple[int, dict[str, list[int]]]     # (rank, pages by group) held until the commit
 
 
@@ -73,6 +74,24 @@ def too_large(positions: int, formulas: Mapping[str, Callable[[int], int]],
     return None
 
 
+def _reach(formula: Callable[[int], int], blocks: int, start: int) -> int:
+    """The most positions `blocks` blocks hold under `formula` (non-decreasing), given
+    that they hold `start`: galloping, then bisection (a ring group at its pages holds
+    any number: capped at REACH_CAP)."""
+    lo, step = start, 1
+    while lo + step <= REACH_CAP and formula(lo + step) <= blocks:
+        lo += step
+        step *= 2
+    hi = min(lo + step, REACH_CAP + 1)          # formula(hi) > blocks, or past the cap
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if formula(mid) <= blocks:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 class CacheManager:
     """Owns `pool` for the scheduler: a running request's `blocks` change only here."""
 
@@ -93,13 +112,19 @@ class CacheManager:
 
     def need(self, request: Request, num_tokens: int) -> dict[str, int]:
         """New blocks per group for the request to hold `num_tokens` positions (the
-        groups that need some; empty while its blocks hold them, as on most steps)."""
+        groups that need some; empty while its blocks hold them, as on most steps: then
+        one comparison with the reach found when they last sufficed)."""
+        if num_tokens <= request.reach:
+            return {}
         held = request.blocks
         need = {}
         for g, f in self.formulas.items():
             more = f(num_tokens) - len(held.get(g, ()))
             if more > 0:
                 need[g] = more
+        if not need:
+            request.reach = min(_reach(f, len(held.get(g, ())), num_tokens)
+                                for g, f in self.formulas.items())
         return need
 
     def can_allocate(self, rank: int, need: Mapping[str, int]) -> bool:
@@ -121,7 +146,7 @@ class CacheManager:
         if self.layout is not None:
             self._keep_final(request)
         self.pool.free(request.rank, request.blocks)
-        request.blocks = {}
+        request.blocks, request.reach = {}, 0
 
     # -- admission -------------------------------------------------------------------
 
@@ -153,7 +178,7 @@ class CacheManager:
         """Give the request (on its rank now) empty block lists; count the lookup of
         `queried` prompt tokens; hold a hit's pages and start the request at its
         boundary. The hit's ring pages stay held until `restore`'s pin is let go."""
-        request.blocks = {g: [] for g in self.formulas}
+        request.blocks, request.reach = {g: [] for g in self.formulas}, 0
         if self.layout is None:
             return
         cached = self.cached_tokens(hit)

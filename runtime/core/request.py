@@ -31,6 +31,7 @@ class Request:
     status: Status = Status.WAITING
     rank: int | None = None
     blocks: dict[str, list[int]] = field(default_factory=dict)   # group -> block ids
+    reach: int = 0                            # positions `blocks` hold (known lower bound)
     slot: int | None = None                   # MTP device-state slot on `rank`
     slot_generation: int = 0
     num_computed: int = 0

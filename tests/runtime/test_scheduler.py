@@ -552,3 +552,24 @@ def test_prefilling_requests_that_fill_the_pool_still_finish():
     drain(s)
     assert [len(r.output_ids) for r in (a, b)] == [2, 2]
     assert_all_free(s)
+
+
+@pytest.mark.parametrize("spec_name", ["tiny", "deepseek-v4-flash"])
+def test_need_through_the_reach_equals_the_formulas(spec_name):
+    """need() skips the formulas while a request's blocks reach its positions: over a
+    growth with allocations, every answer equals the formulas' own."""
+    import generated
+    from runtime.core.cache_manager import CacheManager
+
+    groups = generated.load(spec_name).pools.GROUPS
+    formulas = {g: grp.blocks_for for g, grp in groups.items()}
+    manager = CacheManager(BlockPool({g: 1 << 16 for g in groups}, 1), formulas)
+    request = req(4)
+    request.rank = 0
+    manager.admit(request, [], 4)
+    for n in list(range(1, 700)) + list(range(5000, 5300, 7)):
+        brute = {g: f(n) - len(request.blocks[g]) for g, f in formulas.items()
+                 if f(n) > len(request.blocks[g])}
+        assert manager.need(request, n) == brute, n
+        manager.allocate(request, brute)
+    assert request.reach >= 5293
