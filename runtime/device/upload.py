@@ -1,7 +1,8 @@
-"""Host data onto the device: every host-to-device transfer of the step path goes through
-`upload`, one host tensor and one copy, so that a dispatch mode sees each transfer
+"""Host data onto the device: the runner's host-to-device transfers go through `upload`,
+one host tensor and one copy, so that a dispatch mode sees each transfer
 (`torch.tensor(data, device=...)` copies out of its sight) and `Uploads` can count the
-bytes a step sends."""
+bytes a step sends (the sampling state, a layer below, copies its host arrays with
+`.to(device)`, which it sees as well)."""
 from __future__ import annotations
 
 import numpy as np

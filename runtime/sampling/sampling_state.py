@@ -27,7 +27,6 @@ import numpy as np
 import torch
 
 from runtime.core.sampling_params import SamplingParams
-from runtime.device.upload import upload
 
 F32_MAX = float(np.finfo(np.float32).max)
 F32_TINY = float(np.finfo(np.float32).tiny)       # the smallest positive normal float32
@@ -64,7 +63,7 @@ def row_params(params: list[SamplingParams], seeds: list[int], counters: list[in
                       np.float32).reshape(-1, 6).T
     ints = np.array([[min(max(p.top_k, 0), TOP_K_CAP) for p in params], seeds, counters,
                      states], np.int64).reshape(4, -1)
-    f, i64 = upload(floats, device), upload(ints, device)
+    f, i64 = (torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in (floats, ints))
     return RowParams(
         temperature=f[0], top_p=f[1], min_p=f[2], presence=f[3], frequency=f[4],
         repetition=f[5], top_k=i64[0], seed=i64[1], counter=i64[2], state=i64[3], bias=None,
@@ -121,9 +120,9 @@ class SamplingState:
             self.prompt = self._table(torch.bool)
         self.counts[state] = 0
         self.prompt[state] = False
-        self.prompt[state, upload(prompt, self.device, torch.long)] = True
+        self.prompt[state, torch.tensor(prompt, dtype=torch.long).to(self.device)] = True
         if output:
-            out = upload(output, self.device, torch.long)
+            out = torch.tensor(output, dtype=torch.long).to(self.device)
             self.counts[state].index_add_(0, out, torch.ones_like(out, dtype=torch.int32))
 
     def _set_bias(self, state: int, bias: tuple[tuple[int, float], ...]) -> None:
