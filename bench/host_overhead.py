@@ -1,0 +1,241 @@
+"""Host work per engine step at a deployment's scale: does it grow with the context?
+
+The real engine (scheduler, model runner, generated launch tables, sampler, output path)
+runs decode steps for `--rows` running requests (at most what the spec runs at once: the
+tiny spec's 64) of each context length (at most the spec's max_model_len, less room to
+decode), with the kernels
+stubbed at the launch boundary: the dry-run backend on the meta device, where every
+tensor has its real shape and no storage, so that V4-Flash's pools for 256 requests of
+1M tokens cost nothing and a device op costs only its dispatch (as a launch on a GPU
+costs the host). The step's one read from the device (runtime/device/step_result.to_host)
+reads ones: each row keeps one token, id 1.
+
+The requests are placed as if their prompts had been prefilled (the prefill of 256 x 1M
+tokens is not what this measures): each takes a rank, a slot and the blocks of its
+context through the scheduler's own cache manager, and the first steps (a new owner's
+block table is written whole once) are left out of the figures.
+
+Per spec, K (MTP off and on) and context it prints, as medians over `--steps` steps:
+
+    host ms/step    the wall time of Engine.step less the time spent inside device ops,
+                    measured in a pass of its own (on meta an op costs its Python shape
+                    function, which a GPU does not have; what a GPU's launch costs the
+                    host is ~5 us an op, times the next column); the least over the
+                    steps of each, as the machine's noise only ever adds
+    ops/step        the device ops the step dispatches
+    wall ms/step    the wall time of Engine.step on meta, ops included
+    H2D B/step      bytes copied from the host to the device (runtime/device/upload.Uploads)
+    plan B/step     for the mp executor: the bytes of the step's plan to the rank
+                    workers, as its writer encodes them (runtime/executor/step_plan.
+                    PlanWriter); the mp rows' host time adds the writer's and the ranks'
+                    reader's time to the step's
+
+    .venv/bin/python bench/host_overhead.py [--specs deepseek-v4-flash tiny] [--rows 256]
+        [--contexts 1024 32768 131072 1048576] [--ks 0 1] [--steps 30] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+import generated  # noqa: E402
+from runtime.core.config import EngineConfig  # noqa: E402
+from runtime.core.request import Request, Status  # noqa: E402
+from runtime.core.sampling_params import SamplingParams  # noqa: E402
+from runtime.device import model_runner  # noqa: E402
+from runtime.device.upload import Uploads  # noqa: E402
+from runtime.engine.engine import Engine  # noqa: E402
+from runtime.executor.step_plan import PlanReader, PlanWriter  # noqa: E402
+from runtime.weights.fake_checkpoint import FakeCheckpoint  # noqa: E402
+from runtime.weights.loader import load_params  # noqa: E402
+
+WARM_STEPS = 3
+PARAMS = SamplingParams(max_tokens=1 << 30, ignore_eos=True, temperature=0.0)
+
+
+class _DeviceOps(TorchDispatchMode):
+    """Counts the device ops a step dispatches and the time spent inside them (on meta:
+    the dispatcher and the op's shape function; on a GPU: its launch, ~5 us each)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count, self.seconds = 0, 0.0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        t0 = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        self.seconds += time.perf_counter() - t0
+        self.count += 1
+        return out
+
+
+class _MetaReadsOnes(TorchDispatchMode):
+    """A copy from the meta device to the host gives ones of its shape and dtype."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._to_copy.default and args[0].device.type == "meta" \
+                and kwargs.get("device", args[0].device).type == "cpu":
+            return torch.ones(args[0].shape, dtype=kwargs.get("dtype") or args[0].dtype)
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def _reads_ones():
+    real = model_runner.to_host
+
+    def to_host(sampled, max_logprobs):
+        with _MetaReadsOnes():
+            return real(sampled, max_logprobs)
+
+    model_runner.to_host = to_host
+    try:
+        yield
+    finally:
+        model_runner.to_host = real
+
+
+@functools.cache
+def _params(spec_name: str):
+    """The spec's weights as the release's shapes on the meta device (rank 0's experts)."""
+    spec = generated.load(spec_name)
+    return load_params(None, spec, "meta", checkpoint=FakeCheckpoint(spec), held=range(1))
+
+
+def build(spec_name: str, k: int) -> Engine:
+    """An engine of the spec on the meta device and the dry-run backend."""
+    spec, params = generated.load(spec_name), _params(spec_name)
+    config = EngineConfig(spec=spec_name, model=str(ROOT / "models" / "tiny"), device="meta",
+                          backend="dryrun", num_speculative_tokens=k,
+                          enable_prefix_caching=False, detokenize=False)
+    return Engine(config, spec, params, None)
+
+
+def place(engine: Engine, rows: int, context: int) -> None:
+    """`rows` running requests of `context` tokens (one shared prompt list), prefilled:
+    the scheduler's admission without the prefill, round robin over the ranks."""
+    scheduler, prompt = engine.scheduler, [1] * (context - 1)
+    for i in range(rows):
+        request = Request(f"r{i}", prompt, PARAMS, i, None, output_ids=[1])
+        rank = i % scheduler.config.ranks
+        request.status, request.rank = Status.RUNNING, rank
+        scheduler.cache.admit(request, [], context - 1)
+        request.slot, request.slot_generation = scheduler.slots.acquire(rank)
+        scheduler.cache.allocate(request, scheduler.cache.need(request, context - 1))
+        request.num_computed = context - 1
+        scheduler.running[rank].append(request)
+        engine.requests[request.request_id] = request
+        engine.output_processor.add(request.request_id, prompt)
+
+
+class _Planned:
+    """The executor, with each step's plan also written and read as the mp executor's
+    would be: its bytes and its host time."""
+
+    def __init__(self, runner):
+        self.runner, self.writer, self.reader = runner, PlanWriter(), PlanReader()
+        self.bytes, self.seconds = [], []
+
+    def execute(self, out):
+        t0 = time.perf_counter()
+        data = self.writer.write(out, [], [])
+        self.reader.read(data)
+        self.seconds.append(time.perf_counter() - t0)
+        self.bytes.append(len(data))
+        return self.runner.execute(out)
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
+
+
+def measure(spec_name: str, k: int, context: int, rows: int, steps: int) -> list[dict]:
+    """Both rows (uni and mp) of one configuration; `rows` capped at what the spec runs
+    at once (tiny: 64)."""
+    engine = build(spec_name, k)
+    limits = engine.limits
+    rows = min(rows, limits.max_num_seqs, limits.max_running_per_rank * limits.ranks)
+    place(engine, rows, context)
+    planned = engine.executor = _Planned(engine.executor)
+    wall, inside, ops, uploads = [], [], [], []
+    with _reads_ones():
+        for _ in range(WARM_STEPS):
+            engine.step()
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            engine.step()
+            wall.append(time.perf_counter() - t0)
+        for _ in range(steps):
+            with _DeviceOps() as counted:
+                engine.step()
+            inside.append(counted.seconds)
+            ops.append(counted.count)
+        for _ in range(3):
+            with Uploads() as counted:
+                engine.step()
+            uploads.append(counted.bytes)
+    assert engine.scheduler.num_running == rows, "a request left the bench early"
+    ms = lambda values: statistics.median(values) * 1e3  # noqa: E731
+    plan_ms = ms(planned.seconds[WARM_STEPS:])
+    # the least of each: on a shared machine the noise only ever adds (its steps do the
+    # same work, up to a block boundary now and then)
+    host = (min(wall) - min(inside)) * 1e3 - plan_ms
+    common = dict(spec=spec_name, k=k, context=context, rows=rows,
+                  ops_per_step=int(statistics.median(ops)), wall_ms_per_step=round(ms(wall), 3),
+                  h2d_bytes_per_step=int(statistics.median(uploads)))
+    return [dict(common, mp=False, host_ms_per_step=round(host, 3), plan_bytes_per_step=0),
+            dict(common, mp=True, host_ms_per_step=round(host + plan_ms, 3),
+                 plan_bytes_per_step=int(statistics.median(planned.bytes[WARM_STEPS:])))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--specs", nargs="+", default=["deepseek-v4-flash", "tiny"])
+    parser.add_argument("--rows", type=int, default=256)
+    parser.add_argument("--contexts", type=int, nargs="+",
+                        default=[1024, 32768, 131072, 1048576])
+    parser.add_argument("--ks", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    if not args.json:
+        print(f"{'spec':<18} {'K':>1} {'context':>8} {'rows':>4} {'mp':>3} "
+              f"{'host ms/step':>12} {'ops/step':>8} {'wall ms/step':>12} "
+              f"{'H2D B/step':>10} {'plan B/step':>11} {'B/row':>6}")
+    for spec_name in args.specs:
+        limit = generated.load(spec_name).contract.MAX_MODEL_LEN
+        # the longest context leaves room to decode the steps
+        contexts = sorted({min(c, limit - 2 * (args.steps + 16)) for c in args.contexts})
+        for k in args.ks:
+            for context in contexts:
+                for row in measure(spec_name, k, context, args.rows, args.steps):
+                    _print(row, args.json)
+    return 0
+
+
+def _print(row: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(row), flush=True)
+        return
+    per_row = row["plan_bytes_per_step"] / row["rows"]
+    print(f"{row['spec']:<18} {row['k']:>1} {row['context']:>8} {row['rows']:>4} "
+          f"{'yes' if row['mp'] else 'no':>3} {row['host_ms_per_step']:>12.3f} "
+          f"{row['ops_per_step']:>8} {row['wall_ms_per_step']:>12.3f} "
+          f"{row['h2d_bytes_per_step']:>10} {row['plan_bytes_per_step']:>11} "
+          f"{per_row:>6.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
