@@ -78,11 +78,13 @@ def _reach(formula: Callable[[int], int], blocks: int, start: int) -> int:
     """The most positions `blocks` blocks hold under `formula` (non-decreasing), given
     that they hold `start`: galloping, then bisection (a ring group at its pages holds
     any number: capped at REACH_CAP)."""
+    if formula(REACH_CAP) <= blocks:
+        return REACH_CAP
     lo, step = start, 1
-    while lo + step <= REACH_CAP and formula(lo + step) <= blocks:
+    while formula(lo + step) <= blocks:
         lo += step
         step *= 2
-    hi = min(lo + step, REACH_CAP + 1)          # formula(hi) > blocks, or past the cap
+    hi = lo + step                              # formula(hi) > blocks
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if formula(mid) <= blocks:
