@@ -31,7 +31,8 @@ Per spec, K (MTP off and on) and context it prints, as medians over `--steps` st
                     reader's time to the step's
 
     .venv/bin/python bench/host_overhead.py [--specs deepseek-v4-flash tiny] [--rows 256]
-        [--contexts 1024 32768 131072 1048576] [--ks 0 1] [--steps 30] [--json]
+        [--contexts 1024 32768 131072 1048576] [--ks 0 1] [--steps 10] [--rounds 4]
+        [--json]
 """
 from __future__ import annotations
 
@@ -160,43 +161,70 @@ class _Planned:
         return getattr(self.runner, name)
 
 
-def measure(spec_name: str, k: int, context: int, rows: int, steps: int) -> list[dict]:
-    """Both rows (uni and mp) of one configuration; `rows` capped at what the spec runs
-    at once (tiny: 64)."""
-    engine = build(spec_name, k)
-    limits = engine.limits
-    rows = min(rows, limits.max_num_seqs, limits.max_running_per_rank * limits.ranks)
-    place(engine, rows, context)
-    planned = engine.executor = _Planned(engine.executor)
-    wall, inside, ops, uploads = [], [], [], []
-    with _reads_ones():
+class _Run:
+    """One configuration's engine, placed, and its figures so far."""
+
+    def __init__(self, spec_name: str, k: int, context: int, rows: int):
+        engine = build(spec_name, k)
+        limits = engine.limits
+        self.rows = min(rows, limits.max_num_seqs, limits.max_running_per_rank * limits.ranks)
+        place(engine, self.rows, context)
+        self.planned = engine.executor = _Planned(engine.executor)
+        self.engine, self.spec, self.k, self.context = engine, spec_name, k, context
+        self.wall, self.inside, self.ops, self.uploads = [], [], [], []
         for _ in range(WARM_STEPS):
             engine.step()
+        self.planned.bytes.clear()
+        self.planned.seconds.clear()
+
+    def round(self, steps: int) -> None:
+        """`steps` steps timed as they are, then `steps` with the device ops timed."""
         for _ in range(steps):
             t0 = time.perf_counter()
-            engine.step()
-            wall.append(time.perf_counter() - t0)
+            self.engine.step()
+            self.wall.append(time.perf_counter() - t0)
         for _ in range(steps):
             with _DeviceOps() as counted:
-                engine.step()
-            inside.append(counted.seconds)
-            ops.append(counted.count)
-        for _ in range(3):
+                self.engine.step()
+            self.inside.append(counted.seconds)
+            self.ops.append(counted.count)
+
+    def count_uploads(self, steps: int = 3) -> None:
+        for _ in range(steps):
             with Uploads() as counted:
-                engine.step()
-            uploads.append(counted.bytes)
-    assert engine.scheduler.num_running == rows, "a request left the bench early"
-    ms = lambda values: statistics.median(values) * 1e3  # noqa: E731
-    plan_ms = ms(planned.seconds[WARM_STEPS:])
-    # the least of each: on a shared machine the noise only ever adds (its steps do the
-    # same work, up to a block boundary now and then)
-    host = (min(wall) - min(inside)) * 1e3 - plan_ms
-    common = dict(spec=spec_name, k=k, context=context, rows=rows,
-                  ops_per_step=int(statistics.median(ops)), wall_ms_per_step=round(ms(wall), 3),
-                  h2d_bytes_per_step=int(statistics.median(uploads)))
-    return [dict(common, mp=False, host_ms_per_step=round(host, 3), plan_bytes_per_step=0),
-            dict(common, mp=True, host_ms_per_step=round(host + plan_ms, 3),
-                 plan_bytes_per_step=int(statistics.median(planned.bytes[WARM_STEPS:])))]
+                self.engine.step()
+            self.uploads.append(counted.bytes)
+
+    def figures(self) -> list[dict]:
+        """The uni row and the mp row. Host time: the least step wall time less the least
+        time inside device ops (on a shared machine the noise only ever adds; the steps
+        do the same work, up to a block boundary now and then)."""
+        assert self.engine.scheduler.num_running == self.rows, "a request left early"
+        median = statistics.median
+        plan_ms = median(self.planned.seconds) * 1e3
+        host = (min(self.wall) - min(self.inside)) * 1e3
+        common = dict(spec=self.spec, k=self.k, context=self.context, rows=self.rows,
+                      ops_per_step=int(median(self.ops)),
+                      wall_ms_per_step=round(median(self.wall) * 1e3, 3),
+                      h2d_bytes_per_step=int(median(self.uploads)))
+        return [dict(common, mp=False, host_ms_per_step=round(host, 3),
+                     plan_bytes_per_step=0),
+                dict(common, mp=True, host_ms_per_step=round(host + plan_ms, 3),
+                     plan_bytes_per_step=int(median(self.planned.bytes)))]
+
+
+def measure(spec_name: str, k: int, contexts: list[int], rows: int, steps: int,
+            rounds: int) -> list[dict]:
+    """Every context of one spec and K, their rounds interleaved, so that each sees the
+    machine as the others do."""
+    with _reads_ones():
+        runs = [_Run(spec_name, k, context, rows) for context in contexts]
+        for _ in range(rounds):
+            for run in runs:
+                run.round(steps)
+        for run in runs:
+            run.count_uploads()
+    return [row for run in runs for row in run.figures()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -206,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--contexts", type=int, nargs="+",
                         default=[1024, 32768, 131072, 1048576])
     parser.add_argument("--ks", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=10, help="per round and pass")
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -216,12 +245,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{'H2D B/step':>10} {'plan B/step':>11} {'B/row':>6}")
     for spec_name in args.specs:
         limit = generated.load(spec_name).contract.MAX_MODEL_LEN
-        # the longest context leaves room to decode the steps
-        contexts = sorted({min(c, limit - 2 * (args.steps + 16)) for c in args.contexts})
+        # the longest context leaves room to decode every step
+        room = 2 * args.steps * args.rounds + 64
+        contexts = sorted({min(c, limit - room) for c in args.contexts})
         for k in args.ks:
-            for context in contexts:
-                for row in measure(spec_name, k, context, args.rows, args.steps):
-                    _print(row, args.json)
+            for row in measure(spec_name, k, contexts, args.rows, args.steps, args.rounds):
+                _print(row, args.json)
     return 0
 
 

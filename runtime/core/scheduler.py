@@ -213,14 +213,15 @@ class Scheduler:
             if request.status is not Status.RUNNING or request.prefilling:
                 continue
             need = self.cache.need(request, request.num_tokens + self.config.k)
-            while not self.cache.can_allocate(rank, need):
-                victim = max(self.running[rank], key=lambda r: r.arrival)
-                self._preempt(victim, out)
-                if victim is request:
-                    break
-            if request.status is not Status.RUNNING:
-                continue
-            self._take(request, need, out)
+            if need:                          # most steps: its blocks hold the row
+                while not self.cache.can_allocate(rank, need):
+                    victim = max(self.running[rank], key=lambda r: r.arrival)
+                    self._preempt(victim, out)
+                    if victim is request:
+                        break
+                if request.status is not Status.RUNNING:
+                    continue
+                self._take(request, need, out)
             rows.append(request)
             budget[rank] -= tokens
         return rows
