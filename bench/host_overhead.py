@@ -17,11 +17,11 @@ block table is written whole once) are left out of the figures.
 
 Per spec, K (MTP off and on) and context it prints, as medians over `--steps` steps:
 
-    host ms/step    the wall time of Engine.step less the time spent inside device ops,
-                    measured in a pass of its own (on meta an op costs its Python shape
-                    function, which a GPU does not have; what a GPU's launch costs the
-                    host is ~5 us an op, times the next column); the least over the
-                    steps of each, as the machine's noise only ever adds
+    host ms/step    the wall time of Engine.step less the time inside its device ops and
+                    less what timing them costs (calibrated by replaying one step's ops),
+                    per step, the median; on meta an op costs its Python shape function,
+                    which a GPU does not have, while a GPU's launch costs the host ~5 us
+                    an op (times the next column)
     ops/step        the device ops the step dispatches
     wall ms/step    the wall time of Engine.step on meta, ops included
     H2D B/step      bytes copied from the host to the device (runtime/device/upload.Uploads)
@@ -32,21 +32,30 @@ Per spec, K (MTP off and on) and context it prints, as medians over `--steps` st
 
     .venv/bin/python bench/host_overhead.py [--specs deepseek-v4-flash tiny] [--rows 256]
         [--contexts 1024 32768 131072 1048576] [--ks 0 1] [--steps 10] [--rounds 4]
-        [--json]
+        [--against REV] [--json]
+
+`--against REV` measures the engine of git revision REV the same way, in a worktree of
+its own, this file measuring (REV's pickled plans stand for the plan bytes before the
+diffs), and prints its rows after today's.
 """
 from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import json
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+HERE = Path(__file__).resolve().parent.parent
+# --tree DIR: measure the engine of another checkout (a baseline; see --against)
+TREE = Path(sys.argv[sys.argv.index("--tree") + 1]) if "--tree" in sys.argv else HERE
+sys.path.insert(0, str(TREE))
 
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
@@ -56,11 +65,14 @@ from runtime.core.config import EngineConfig  # noqa: E402
 from runtime.core.request import Request, Status  # noqa: E402
 from runtime.core.sampling_params import SamplingParams  # noqa: E402
 from runtime.device import model_runner  # noqa: E402
-from runtime.device.upload import Uploads  # noqa: E402
 from runtime.engine.engine import Engine  # noqa: E402
-from runtime.executor.step_plan import PlanReader, PlanWriter  # noqa: E402
 from runtime.weights.fake_checkpoint import FakeCheckpoint  # noqa: E402
 from runtime.weights.loader import load_params  # noqa: E402
+
+try:
+    from runtime.executor.step_plan import PlanReader, PlanWriter  # noqa: E402
+except ImportError:                 # a baseline from before the plan diffs
+    PlanReader = PlanWriter = None
 
 WARM_STEPS = 3
 PARAMS = SamplingParams(max_tokens=1 << 30, ignore_eos=True, temperature=0.0)
@@ -118,7 +130,7 @@ def _params(spec_name: str):
 def build(spec_name: str, k: int) -> Engine:
     """An engine of the spec on the meta device and the dry-run backend."""
     spec, params = generated.load(spec_name), _params(spec_name)
-    config = EngineConfig(spec=spec_name, model=str(ROOT / "models" / "tiny"), device="meta",
+    config = EngineConfig(spec=spec_name, model=str(TREE / "models" / "tiny"), device="meta",
                           backend="dryrun", num_speculative_tokens=k,
                           enable_prefix_caching=False, detokenize=False)
     return Engine(config, spec, params, None)
@@ -141,24 +153,102 @@ def place(engine: Engine, rows: int, context: int) -> None:
         engine.output_processor.add(request.request_id, prompt)
 
 
+def _module_here(name: str, path: str):
+    """A module of this checkout (the tools the bench measures with), whatever --tree."""
+    spec = importlib.util.spec_from_file_location(name, HERE / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+Uploads = _module_here("v4serve_bench_upload", "runtime/device/upload.py").Uploads
+
+
 class _Planned:
     """The executor, with each step's plan also written and read as the mp executor's
-    would be: its bytes and its host time."""
+    would be: its bytes and its host time (a baseline without the plan diffs: its
+    pickled Plan, unpickled and localized as its rank 0 did)."""
 
     def __init__(self, runner):
-        self.runner, self.writer, self.reader = runner, PlanWriter(), PlanReader()
-        self.bytes, self.seconds = [], []
+        self.runner, self.bytes, self.seconds = runner, [], []
+        if PlanWriter is not None:
+            writer, reader = PlanWriter(), PlanReader()
+            self.write, self.read = (lambda out: writer.write(out, [], [])), reader.read
+        else:
+            self.write, self.read = _pickled_plans()
 
     def execute(self, out):
         t0 = time.perf_counter()
-        data = self.writer.write(out, [], [])
-        self.reader.read(data)
+        data = self.write(out)
+        self.read(data)
         self.seconds.append(time.perf_counter() - t0)
         self.bytes.append(len(data))
         return self.runner.execute(out)
 
     def __getattr__(self, name):
         return getattr(self.runner, name)
+
+
+def _pickled_plans():
+    """A baseline's plan: (write, read) as its Workers and rank 0 did them."""
+    import pickle
+
+    from runtime.executor.step_plan import Plan, localize
+    return (lambda out: pickle.dumps(Plan(out, [], []))), \
+        (lambda data: localize(pickle.loads(data).out, 0))
+
+
+def _shapes_only_on_meta() -> None:
+    """A baseline's dry-run backend checks values, which meta tensors do not have."""
+    from runtime.backends import dryrun
+    for name in ("_check_block_ids", "_check_row_lens"):
+        check = getattr(dryrun, name)
+        setattr(dryrun, name, lambda kernel, named, check=check: None
+                if named["pool_ori"].device.type == "meta" else check(kernel, named))
+
+
+class _Recorded(TorchDispatchMode):
+    """The device ops of a step, as called."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.calls.append((func, args, kwargs))
+        return out
+
+
+def _timing_cost(calls: list, trials: int = 5) -> float:
+    """Seconds _DeviceOps adds to each op of `calls` outside the time it counts: the
+    ops replayed under it, less the time inside them and the replay loop's own (the least
+    of a few trials). The same op mix as a step, so the same cost per op."""
+    replayable = []
+    for func, args, kwargs in calls:
+        try:
+            func(*args, **kwargs)
+        except RuntimeError:                # a read of a meta tensor (the step's reads)
+            continue
+        replayable.append((func, args, kwargs))
+
+    def noop(*args, **kwargs):
+        return None
+
+    costs = []
+    for _ in range(trials):
+        with _DeviceOps() as counted:
+            t0 = time.perf_counter()
+            for func, args, kwargs in replayable:
+                func(*args, **kwargs)
+            timed = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for _, args, kwargs in replayable:
+            noop(*args, **kwargs)
+        loop = time.perf_counter() - t0
+        costs.append((timed - counted.seconds - loop) / len(replayable))
+    return max(0.0, min(costs))
 
 
 class _Run:
@@ -171,22 +261,29 @@ class _Run:
         place(engine, self.rows, context)
         self.planned = engine.executor = _Planned(engine.executor)
         self.engine, self.spec, self.k, self.context = engine, spec_name, k, context
-        self.wall, self.inside, self.ops, self.uploads = [], [], [], []
+        self.wall, self.host, self.ops, self.uploads = [], [], [], []
         for _ in range(WARM_STEPS):
             engine.step()
+        with _Recorded() as recorded:
+            engine.step()
+        self.per_op = _timing_cost(recorded.calls)
         self.planned.bytes.clear()
         self.planned.seconds.clear()
 
     def round(self, steps: int) -> None:
-        """`steps` steps timed as they are, then `steps` with the device ops timed."""
+        """`steps` steps timed as they are; then `steps` with the device ops timed, whose
+        host time is their wall time less the time inside the ops and the timing's cost
+        per op (one step's own figures: the machine's noise in the ops cancels)."""
         for _ in range(steps):
             t0 = time.perf_counter()
             self.engine.step()
             self.wall.append(time.perf_counter() - t0)
         for _ in range(steps):
             with _DeviceOps() as counted:
+                t0 = time.perf_counter()
                 self.engine.step()
-            self.inside.append(counted.seconds)
+                timed = time.perf_counter() - t0
+            self.host.append(timed - counted.seconds - counted.count * self.per_op)
             self.ops.append(counted.count)
 
     def count_uploads(self, steps: int = 3) -> None:
@@ -196,13 +293,11 @@ class _Run:
             self.uploads.append(counted.bytes)
 
     def figures(self) -> list[dict]:
-        """The uni row and the mp row. Host time: the least step wall time less the least
-        time inside device ops (on a shared machine the noise only ever adds; the steps
-        do the same work, up to a block boundary now and then)."""
+        """The uni row and the mp row (its plan written and read on top), medians."""
         assert self.engine.scheduler.num_running == self.rows, "a request left early"
         median = statistics.median
         plan_ms = median(self.planned.seconds) * 1e3
-        host = (min(self.wall) - min(self.inside)) * 1e3
+        host = median(self.host) * 1e3 - plan_ms
         common = dict(spec=self.spec, k=self.k, context=self.context, rows=self.rows,
                       ops_per_step=int(median(self.ops)),
                       wall_ms_per_step=round(median(self.wall) * 1e3, 3),
@@ -237,10 +332,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10, help="per round and pass")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument("--against", metavar="REV", default=None,
+                        help="also measure the engine at git revision REV (its rows follow)")
+    parser.add_argument("--tree", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    if not args.json:
-        print(f"{'spec':<18} {'K':>1} {'context':>8} {'rows':>4} {'mp':>3} "
+    if args.tree:
+        _shapes_only_on_meta()
+    if not args.json and not args.tree:
+        print(f"{'tree':<8} {'spec':<18} {'K':>1} {'context':>8} {'rows':>4} {'mp':>3} "
               f"{'host ms/step':>12} {'ops/step':>8} {'wall ms/step':>12} "
               f"{'H2D B/step':>10} {'plan B/step':>11} {'B/row':>6}")
     for spec_name in args.specs:
@@ -250,8 +350,31 @@ def main(argv: list[str] | None = None) -> int:
         contexts = sorted({min(c, limit - room) for c in args.contexts})
         for k in args.ks:
             for row in measure(spec_name, k, contexts, args.rows, args.steps, args.rounds):
-                _print(row, args.json)
+                _print(dict(row, tree=args.tree and "baseline" or "now"), args.json)
+    if args.against:
+        _against(args.against, [a for a in (argv or sys.argv[1:])
+                                if a not in ("--against", args.against)])
     return 0
+
+
+def _against(rev: str, argv: list[str]) -> None:
+    """The same measurement in a worktree of `rev`, this file measuring."""
+    with tempfile.TemporaryDirectory(prefix="v4serve-baseline-") as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "-C", str(HERE), "worktree", "add", "--detach", "-q",
+                        str(tree), rev], check=True)
+        try:
+            out = subprocess.run([sys.executable, __file__, *argv, "--tree", str(tree)],
+                                 check=True, capture_output=True, text=True).stdout
+        finally:
+            subprocess.run(["git", "-C", str(HERE), "worktree", "remove", "--force",
+                            str(tree)], check=True)
+    for line in out.splitlines():
+        row = json.loads(line) if line.startswith("{") else None
+        if row is None:
+            print(line.replace("baseline", rev[:8]), flush=True)
+        else:
+            _print(dict(row, tree=rev[:8]), "--json" in argv)
 
 
 def _print(row: dict, as_json: bool) -> None:
@@ -259,7 +382,7 @@ def _print(row: dict, as_json: bool) -> None:
         print(json.dumps(row), flush=True)
         return
     per_row = row["plan_bytes_per_step"] / row["rows"]
-    print(f"{row['spec']:<18} {row['k']:>1} {row['context']:>8} {row['rows']:>4} "
+    print(f"{row['tree']:<8} {row['spec']:<18} {row['k']:>1} {row['context']:>8} {row['rows']:>4} "
           f"{'yes' if row['mp'] else 'no':>3} {row['host_ms_per_step']:>12.3f} "
           f"{row['ops_per_step']:>8} {row['wall_ms_per_step']:>12.3f} "
           f"{row['h2d_bytes_per_step']:>10} {row['plan_bytes_per_step']:>11} "
