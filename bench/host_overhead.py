@@ -79,8 +79,10 @@ PARAMS = SamplingParams(max_tokens=1 << 30, ignore_eos=True, temperature=0.0)
 
 
 class _DeviceOps(TorchDispatchMode):
-    """Counts the device ops a step dispatches and the time spent inside them (on meta:
-    the dispatcher and the op's shape function; on a GPU: its launch, ~5 us each)."""
+    """Counts the ops a step dispatches (`count`: every op, whose timing costs the same)
+    and the time spent inside its device ops (`seconds`: ops whose result is on the
+    device; on meta the dispatcher and the op's shape function, on a GPU its launch, ~5
+    us each). An op on host tensors (a conversion before an upload) is host work."""
 
     def __init__(self):
         super().__init__()
@@ -89,7 +91,10 @@ class _DeviceOps(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         t0 = time.perf_counter()
         out = func(*args, **(kwargs or {}))
-        self.seconds += time.perf_counter() - t0
+        spent = time.perf_counter() - t0
+        first = out[0] if isinstance(out, (tuple, list)) and out else out
+        if not isinstance(first, torch.Tensor) or first.device.type != "cpu":
+            self.seconds += spent
         self.count += 1
         return out
 

@@ -69,7 +69,8 @@ class MtpSlotState:
         state[:, f.TAIL_TOKEN] = tokens.gather(1, kept.long()[:, None])[:, 0]
         state[:, f.TAIL_POS], state[:, f.COMMITTED] = tail_pos, tail_pos + 1
         self.mtp.slots[rank, slot] = state
-        self.mtp.hidden[rank, slot] = hidden[torch.arange(len(requests)), kept.long()]
+        self.mtp.hidden[rank, slot] = hidden[torch.arange(len(requests), device=self.device),
+                                             kept.long()]
 
     def _rank_slot(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
         pairs = upload([(r.rank, r.slot) for r in requests], self.device)
