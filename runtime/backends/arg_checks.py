@@ -36,8 +36,11 @@ def stage(buf: torch.Tensor, value: Any, arg: Arg) -> torch.Tensor:
     """Copy `value` (tensor, ndarray or nested list) into the staging view `buf`.
 
     Tensors must already have the buffer's dtype: no silent cast on the launch path.
-    Host integer data is converted to the buffer's integer dtype.
+    Host integer data is converted to the buffer's integer dtype. The buffer itself
+    (written in place before the launch: the block tables) is taken as it is.
     """
+    if value is buf:
+        return buf
     if isinstance(value, torch.Tensor):
         if value.dtype != buf.dtype:
             raise ABIError(f"{arg.name}: dtype {value.dtype}, expected {buf.dtype}")

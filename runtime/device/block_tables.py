@@ -36,6 +36,7 @@ class BlockTables:
         self.table = {g: torch.full((ranks, slots + 1, info.table_width), -1,
                                     dtype=torch.int32, device=device)
                       for g, info in groups.items()}
+        self._flat = {g: t.view(-1, t.shape[-1]) for g, t in self.table.items()}
         # (rank, slot) -> (generation, ids written per group, in the request's order)
         self._written: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}
 
@@ -82,14 +83,24 @@ class BlockTables:
         rank, slot, col, ids = upload(packed, self.device).unbind(0)
         self.table[group][rank, slot, col] = ids.to(torch.int32)
 
-    def gather(self, slots: np.ndarray) -> dict[str, torch.Tensor]:
+    def gather(self, slots: np.ndarray, into: dict[str, torch.Tensor] | None = None
+               ) -> dict[str, torch.Tensor]:
         """The launch's tables, `block_table_<group>` [ranks, rows, table_width], for the
-        rows' slots [ranks, rows] (the scratch slot where a row has no request)."""
+        rows' slots [ranks, rows] (the scratch slot where a row has no request). `into`:
+        a launcher's staging buffers by argument name; the tables it has are gathered
+        straight into them (one op a group, no copy after) and those buffers returned."""
         ranks, rows = slots.shape
         flat = slots + (np.arange(ranks)[:, None] * (self.scratch + 1))
         index = upload(flat.reshape(-1), self.device)
-        return {f"block_table_{g}": t.view(-1, t.shape[-1]).index_select(0, index)
-                .view(ranks, rows, -1) for g, t in self.table.items()}
+        tables = {}
+        for group, table in self._flat.items():
+            name = f"block_table_{group}"
+            if into is None:
+                tables[name] = table.index_select(0, index).view(ranks, rows, -1)
+            elif name in into:
+                torch.index_select(table, 0, index, out=into[name].view(ranks * rows, -1))
+                tables[name] = into[name]
+        return tables
 
     def slots(self, rows: Iterable[tuple[int, int, Request]], width: int) -> np.ndarray:
         """[ranks, width] the slot of each (rank, row, request); scratch elsewhere."""

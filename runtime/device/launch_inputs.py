@@ -79,11 +79,12 @@ class LaunchInputs:
         self.blocks.update([r for launch in out.decode for r in launch]
                            + [ch.request for ch in out.prefill])
 
-    def tables(self, rows: Rows, width: int) -> dict:
+    def tables(self, rows: Rows, width: int, into: dict | None = None) -> dict:
         """The launch's block tables [ranks, width, table_width] per group (-1 past each
-        request's blocks, and on rows without one) and its live rows."""
+        request's blocks, and on rows without one; gathered into `into`, the launcher's
+        staging buffers, when given) and its live rows."""
         return dict(live=live(rows, width),
-                    **self.blocks.gather(self.blocks.slots(rows, width)))
+                    **self.blocks.gather(self.blocks.slots(rows, width), into))
 
     def flat_rows(self, rows: Rows, width: int) -> torch.Tensor:
         """[n] the rows' indices into a launch output viewed as [ranks * width, ...]."""
@@ -91,12 +92,13 @@ class LaunchInputs:
 
     # -- decode ----------------------------------------------------------------------
 
-    def decode(self, rows: Rows) -> dict:
-        """What every decode launch takes: the context reached and the block tables."""
+    def decode(self, rows: Rows, into: dict | None = None) -> dict:
+        """What every decode launch takes: the context reached and the block tables
+        (gathered into `into`, the launcher's staging buffers, when given)."""
         # the last position a row reaches is its tail's + k (the drafts)
         context = max((request.num_tokens + self.k for _, _, request in rows),
                       default=self.contract.TILE)
-        return dict(context=context, **self.tables(rows, self.batch))
+        return dict(context=context, **self.tables(rows, self.batch, into))
 
     def decode_tokens(self, rows: Rows) -> dict:
         """A plain decode's rows: each request's last token at its position."""
@@ -122,7 +124,8 @@ class LaunchInputs:
 
     # -- prefill ---------------------------------------------------------------------
 
-    def prefill(self, chunks: list[PrefillChunk], extent: int) -> dict:
+    def prefill(self, chunks: list[PrefillChunk], extent: int, into: dict | None = None
+                ) -> dict:
         """The main prefill: each chunk's tokens in its slot, padded to `extent`."""
         tokens = np.zeros(self.prefill_shape + (extent,), np.int64)
         starts = np.zeros(self.prefill_shape, np.int32)
@@ -132,9 +135,9 @@ class LaunchInputs:
             tokens[r.rank, ch.slot, : ch.length] = r.tokens(ch.start, ch.end)
             starts[r.rank, ch.slot], lens[r.rank, ch.slot] = ch.start, ch.length
         return dict(token_ids=tokens, start_pos=starts, chunk_lens=lens, extent=extent,
-                    **self.tables(chunk_rows(chunks), self.contract.SLOTS_PER_RANK))
+                    **self.tables(chunk_rows(chunks), self.contract.SLOTS_PER_RANK, into))
 
-    def prefill_mtp(self, chunks: list[PrefillChunk]) -> dict:
+    def prefill_mtp(self, chunks: list[PrefillChunk], into: dict | None = None) -> dict:
         """The MTP layer's window over each chunk's last min(window, length) rows: the
         next token of each row (the last may be unknown yet: 0, patched on the device)."""
         window = self.contract.MTP_WINDOW
@@ -146,7 +149,7 @@ class LaunchInputs:
             known = r.tokens(ch.end - width + 1, min(ch.end + 1, r.num_tokens))
             next_ids[r.rank, ch.slot, : len(known)] = known
             starts[r.rank, ch.slot], nrows[r.rank, ch.slot] = ch.end - width, width
-        tables = self.tables(chunk_rows(chunks), self.contract.SLOTS_PER_RANK)
+        tables = self.tables(chunk_rows(chunks), self.contract.SLOTS_PER_RANK, into)
         return dict(next_ids=next_ids, start_pos=starts, num_rows=nrows, live=tables["live"],
                     block_table_ori=tables["block_table_ori"])
 

@@ -204,7 +204,8 @@ class ModelRunner:
 
     def _decode(self, launch: list[Request], results) -> list[Sampled]:
         rows = decode_rows(launch)
-        common = dict(pools=self.pools, weights=self.params, **self.inputs.decode(rows))
+        common = dict(pools=self.pools, weights=self.params,
+                      **self.inputs.decode(rows, self.decode.buffers))
         if self.k:
             return self._decode_mtp(rows, common, results)
         out = self._launch(self.decode, **self.inputs.decode_tokens(rows),
@@ -238,7 +239,7 @@ class ModelRunner:
 
     def _prefill(self, chunks: list[PrefillChunk], results, extent: int) -> list[Sampled]:
         out = self._launch(self.prefill, pools=self.pools, weights=self.params,
-                           **self.inputs.prefill(chunks, extent))
+                           **self.inputs.prefill(chunks, extent, self.prefill.buffers))
         sampled, first = self._sample_first(chunks, out.logits, results)
         if self.k:
             self._prefill_mtp(chunks, out.mtp_hidden, sampled[0].tokens if first else None,
@@ -268,7 +269,7 @@ class ModelRunner:
         self._launch(self.prefill_mtp,
                      patch=self.inputs.first_tokens_patch(fill, first, first_tokens),
                      mtp_hidden=hidden, pools=self.pools, weights=self.params,
-                     **self.inputs.prefill_mtp(chunks))
+                     **self.inputs.prefill_mtp(chunks, self.prefill_mtp.buffers))
         terminal = [ch for ch in chunks if ch.terminal]
         if terminal:
             self.mtp_slots.fill(terminal, hidden, first_tokens, first)
