@@ -6,8 +6,8 @@ kernel (staging buffers allocated once) and the dispatch counters. A step:
     save      prefix caching: ring pages copied into cache pages (before any clear)
     clear     pages and slots handed to new owners are zeroed (targeted writes); then
               cached ring pages copied into the rings of requests that hit them
-    decode    every decode launch, its rows sampled (MTP drafts verified, slots
-              advanced) on the device
+    decode    every decode launch, its rows sampled (MTP drafts verified) on the
+              device; then the MTP slots of every fused launch advanced at once
     prefill   the main prefill, the first token of each finished prompt sampled on the
               device, the MTP prefill (its last next-token filled in on the device),
               the slots of finished prompts set; split at the block boundaries whose
@@ -119,8 +119,11 @@ class ModelRunner:
         page_copies.copy_pages(self.pools, out.restores, self.device)
         results: dict[Request, StepResult] = {}
         sampled: list[Sampled] = []
+        advances: list[tuple] = []
         for launch in out.decode:
-            sampled += self._decode(launch, results)
+            sampled += self._decode(launch, results, advances)
+        if advances:
+            self._advance(advances)
         launches = out.prefill_launches()
         if extents is None:
             extents = prefill_extents(self.spec.contract, launches)
@@ -202,12 +205,13 @@ class ModelRunner:
 
     # -- decode ----------------------------------------------------------------------
 
-    def _decode(self, launch: list[Request], results) -> list[Sampled]:
+    def _decode(self, launch: list[Request], results, advances: list[tuple]
+                ) -> list[Sampled]:
         rows = decode_rows(launch)
         common = dict(pools=self.pools, weights=self.params,
                       **self.inputs.decode(rows, self.decode.buffers))
         if self.k:
-            return self._decode_mtp(rows, common, results)
+            return self._decode_mtp(rows, common, results, advances)
         out = self._launch(self.decode, **self.inputs.decode_tokens(rows),
                            **common)
         if not rows:
@@ -216,8 +220,11 @@ class ModelRunner:
             rows, self.inputs.batch)]
         return self.sampler.sample([r for _, _, r in rows], logits, results)
 
-    def _decode_mtp(self, rows: Rows, common: dict, results) -> list[Sampled]:
-        """The fused MTP decode: draft under each row's mask, verify, advance the slots."""
+    def _decode_mtp(self, rows: Rows, common: dict, results, advances: list[tuple]
+                    ) -> list[Sampled]:
+        """The fused MTP decode: draft under each row's mask, verify; what advances the
+        slots goes to `advances` (one update for the step's launches: a request is in one
+        launch a step, and its slot is read again only by the next step)."""
         ok, rows_params = self.sampler.params(rows, results)
         requests = [r for r, _ in ok]
         tail_masks = self.masks.masks(requests)
@@ -231,9 +238,15 @@ class ModelRunner:
         draft = out.draft_ids.view(-1, out.draft_ids.shape[-1])[flat][:, 0]
         sampled, kept = self.sampler.verify(requests, rows_params, logits, draft, tail_masks,
                                             self.k)
-        self.mtp_slots.advance(requests, sampled.tokens, kept,
-                           out.hidden.view(-1, *out.hidden.shape[2:])[flat])
+        advances.append((requests, sampled.tokens, kept,
+                         out.hidden.view(-1, *out.hidden.shape[2:])[flat]))   # a copy
         return [sampled]
+
+    def _advance(self, advances: list[tuple]) -> None:
+        """Every fused launch's slots advanced at once."""
+        requests, tokens, kept, hidden = zip(*advances)
+        self.mtp_slots.advance([r for part in requests for r in part], torch.cat(tokens),
+                               torch.cat(kept), torch.cat(hidden))
 
     # -- prefill ---------------------------------------------------------------------
 
