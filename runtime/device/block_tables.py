@@ -90,8 +90,18 @@ class BlockTables:
         a launcher's staging buffers by argument name; the tables it has are gathered
         straight into them (one op a group, no copy after) and those buffers returned."""
         ranks, rows = slots.shape
-        flat = slots + (np.arange(ranks)[:, None] * (self.scratch + 1))
-        index = upload(flat.reshape(-1), self.device)
+        index = upload(self.flat_index(slots).reshape(-1), self.device)
+        return self.gather_at(index, ranks, rows, into)
+
+    def flat_index(self, slots: np.ndarray) -> np.ndarray:
+        """[ranks * m, rows] slot ids -> their rows in the tables viewed as [ranks *
+        (slots + 1), table_width] (the first dimension cycles over the ranks)."""
+        ranks = np.arange(slots.shape[0]) % self.ranks
+        return slots + ranks[:, None] * (self.scratch + 1)
+
+    def gather_at(self, index: torch.Tensor, ranks: int, rows: int,
+                  into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """gather() from the flat index [ranks * rows] already on the device."""
         tables = {}
         for group, table in self._flat.items():
             name = f"block_table_{group}"

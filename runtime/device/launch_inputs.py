@@ -2,7 +2,8 @@
 host arrays for the launchers to stage ([ranks, rows], O(rows) per launch); the block
 tables gathered on the device from the persistent per-slot tables (BlockTables); the
 live rows (flat rank * rows + row) the backend runs; and which flat rows of a launch's
-outputs belong to which request.
+outputs belong to which request. The decode launches of a step are laid out together
+(DecodeStep); the prefill's here.
 
 A launch's rows are (rank, row, request): a decode request's row is its index among
 its rank's requests in the launch, a prefill chunk's is its slot. Rows without a
@@ -14,7 +15,6 @@ tokens of its chunk: the work per row does not grow with the context.
 """
 from __future__ import annotations
 
-from collections import Counter
 from types import ModuleType
 
 import numpy as np
@@ -23,6 +23,7 @@ import torch
 from runtime.core.request import Request
 from runtime.core.scheduler import PrefillChunk, SchedulerOutput
 from runtime.device.block_tables import BlockTables
+from runtime.device.decode_step import DecodeStep
 from runtime.device.upload import upload
 
 Rows = list[tuple[int, int, Request]]          # (rank, row in the launch, request)
@@ -31,15 +32,6 @@ Rows = list[tuple[int, int, Request]]          # (rank, row in the launch, reque
 def prefill_extents(contract: ModuleType, launches: list[list[PrefillChunk]]) -> list[int]:
     """The extent of each main prefill launch: its longest piece padded to the tile."""
     return [max(contract.dispatch_extent(p.length) for p in launch) for launch in launches]
-
-
-def decode_rows(launch: list[Request]) -> Rows:
-    """Each request's row: its index among its rank's requests in the launch."""
-    rows, per_rank = [], Counter()
-    for request in launch:
-        rows.append((request.rank, per_rank[request.rank], request))
-        per_rank[request.rank] += 1
-    return rows
 
 
 def chunk_rows(chunks: list[PrefillChunk]) -> Rows:
@@ -51,15 +43,6 @@ def live(rows: Rows, width: int, ordered: bool = True) -> np.ndarray:
     (ascending when `ordered`, as a backend takes them; else in the rows' order)."""
     flat = np.fromiter((rank * width + row for rank, row, _ in rows), np.int64, len(rows))
     return np.sort(flat) if ordered else flat
-
-
-def _scatter(shape: tuple[int, ...], at: np.ndarray, values, dtype, fill: int = 0
-             ) -> np.ndarray:
-    """An array of `shape` holding `values` at the flat rows `at` (one value a row of
-    the first two dimensions), `fill` elsewhere."""
-    out = np.full(shape, fill, dtype)
-    out.reshape(shape[0] * shape[1], -1)[at, 0] = np.fromiter(values, dtype, len(at))
-    return out
 
 
 class LaunchInputs:
@@ -92,35 +75,10 @@ class LaunchInputs:
 
     # -- decode ----------------------------------------------------------------------
 
-    def decode(self, rows: Rows, into: dict | None = None) -> dict:
-        """What every decode launch takes: the context reached and the block tables
-        (gathered into `into`, the launcher's staging buffers, when given)."""
-        # the last position a row reaches is its tail's + k (the drafts)
-        context = max((request.num_tokens + self.k for _, _, request in rows),
-                      default=self.contract.TILE)
-        return dict(context=context, **self.tables(rows, self.batch, into))
-
-    def decode_tokens(self, rows: Rows) -> dict:
-        """A plain decode's rows: each request's last token at its position."""
-        at = live(rows, self.batch, ordered=False)
-        requests = [r for _, _, r in rows]
-        return dict(
-            token_ids=_scatter(self.decode_shape + (1,), at, (r.tail for r in requests),
-                               np.int64),
-            positions=_scatter(self.decode_shape, at, (r.num_tokens - 1 for r in requests),
-                               np.int32),
-            row_lens=_scatter(self.decode_shape, at, (1 for _ in requests), np.int32))
-
-    def decode_slots(self, rows: Rows) -> dict:
-        """A fused MTP decode's rows: each request's slot and its generation (-1: no
-        row; a row whose slot moved on to another generation is skipped)."""
-        at = live(rows, self.batch, ordered=False)
-        requests = [r for _, _, r in rows]
-        return dict(
-            slot_ids=_scatter(self.decode_shape, at, (r.slot for r in requests), np.int32,
-                              fill=-1),
-            slot_gens=_scatter(self.decode_shape, at, (r.slot_generation for r in requests),
-                               np.int64))
+    def decode_step(self, launches: list[list[Request]]) -> DecodeStep:
+        """The step's decode launches laid out at once (see DecodeStep)."""
+        return DecodeStep(launches, self.batch, self.ranks, self.blocks, self.k,
+                          self.contract.TILE, self.device)
 
     # -- prefill ---------------------------------------------------------------------
 

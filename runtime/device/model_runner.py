@@ -6,8 +6,9 @@ kernel (staging buffers allocated once) and the dispatch counters. A step:
     save      prefix caching: ring pages copied into cache pages (before any clear)
     clear     pages and slots handed to new owners are zeroed (targeted writes); then
               cached ring pages copied into the rings of requests that hit them
-    decode    every decode launch, its rows sampled (MTP drafts verified) on the
-              device; then the MTP slots of every fused launch advanced at once
+    decode    every decode launch; then all their rows sampled (MTP drafts verified)
+              on the device in one call, and the MTP slots of the fused ones advanced
+              in one update
     prefill   the main prefill, the first token of each finished prompt sampled on the
               device, the MTP prefill (its last next-token filled in on the device),
               the slots of finished prompts set; split at the block boundaries whose
@@ -23,7 +24,7 @@ The runner orchestrates; each job has a module of its own:
                     tables (gathered from block_tables: per request slot, on the
                     device, updated with the blocks each step adds) and live rows
     sampler         sampling rows and the batch sampler's calls (sampling_state holds
-                    the requests' state on the device)
+                    the requests' parameters by slot, and their state on the device)
     grammar_masks   structured outputs: grammars compiled off the step, token masks
     mtp_slot_state  the MTP slots' tails and streams on the device
     page_copies     pages zeroed for new owners, the prefix cache's page copies
@@ -45,12 +46,11 @@ import torch
 from runtime.core.request import Request
 from runtime.core.scheduler import PrefillChunk, SchedulerOutput
 from runtime.device import page_copies
+from runtime.device.decode_step import DecodeStep
 from runtime.device.grammar_masks import GrammarMasks
 from runtime.device.launch_inputs import (
     LaunchInputs,
-    Rows,
     chunk_rows,
-    decode_rows,
     prefill_extents,
 )
 from runtime.device.launcher import Launcher
@@ -58,6 +58,7 @@ from runtime.device.mtp_slot_state import MtpSlotState
 from runtime.device.pools import allocate_mtp_state, allocate_pools
 from runtime.device.sampler import Sampler
 from runtime.device.step_result import (
+    Decoded,
     Sampled,
     StepResult,
     Timing,
@@ -118,12 +119,9 @@ class ModelRunner:
         self.inputs.update(out)
         page_copies.copy_pages(self.pools, out.restores, self.device)
         results: dict[Request, StepResult] = {}
-        sampled: list[Sampled] = []
-        advances: list[tuple] = []
-        for launch in out.decode:
-            sampled += self._decode(launch, results, advances)
-        if advances:
-            self._advance(advances)
+        step = self.inputs.decode_step(out.decode)
+        sampled = self._sample_decoded([self._decode(step, i, results)
+                                        for i in range(len(step))], results)
         launches = out.prefill_launches()
         if extents is None:
             extents = prefill_extents(self.spec.contract, launches)
@@ -205,48 +203,50 @@ class ModelRunner:
 
     # -- decode ----------------------------------------------------------------------
 
-    def _decode(self, launch: list[Request], results, advances: list[tuple]
-                ) -> list[Sampled]:
-        rows = decode_rows(launch)
+    def _decode(self, step: DecodeStep, i: int, results) -> Decoded | None:
+        """Launch i of the step; its rows' outputs copied out for the step's sampling."""
+        requests = step.requests_of(i)
         common = dict(pools=self.pools, weights=self.params,
-                      **self.inputs.decode(rows, self.decode.buffers))
+                      **step.common(i, self.decode.buffers))
         if self.k:
-            return self._decode_mtp(rows, common, results, advances)
-        out = self._launch(self.decode, **self.inputs.decode_tokens(rows),
-                           **common)
-        if not rows:
-            return []
-        logits = out.logits.view(-1, out.logits.shape[-1])[self.inputs.flat_rows(
-            rows, self.inputs.batch)]
-        return self.sampler.sample([r for _, _, r in rows], logits, results)
+            return self._decode_mtp(step, i, requests, common, results)
+        out = self._launch(self.decode, **step.tokens(i), **common)
+        if not requests:
+            return None
+        return Decoded(requests, out.logits.view(-1, out.logits.shape[-1])[step.outputs(i)])
 
-    def _decode_mtp(self, rows: Rows, common: dict, results, advances: list[tuple]
-                    ) -> list[Sampled]:
-        """The fused MTP decode: draft under each row's mask, verify; what advances the
-        slots goes to `advances` (one update for the step's launches: a request is in one
-        launch a step, and its slot is read again only by the next step)."""
-        ok, rows_params = self.sampler.params(rows, results)
-        requests = [r for r, _ in ok]
-        tail_masks = self.masks.masks(requests)
-        draft_mask = self.masks.draft_mask(self.inputs.decode_shape, ok, tail_masks)
+    def _decode_mtp(self, step: DecodeStep, i: int, requests: list[Request], common: dict,
+                    results) -> Decoded | None:
+        """The fused MTP decode: draft under each usable row's grammar mask; the step
+        verifies."""
+        ok = self.sampler.usable(requests, results)
+        kept = requests if len(ok) == len(requests) else [requests[j] for j in ok]
+        tail_masks = self.masks.masks(kept)
+        constrained = [] if tail_masks is None else list(zip(kept, step.rows(i, ok)))
+        draft_mask = self.masks.draft_mask(self.inputs.decode_shape, constrained, tail_masks)
         out = self._launch(self.decode, draft_mask=draft_mask, mtp=self.mtp,
-                           **self.inputs.decode_slots(rows), **common)
-        if not ok:
-            return []
-        flat = self.inputs.flat_rows([(r.rank, row, r) for r, row in ok], self.inputs.batch)
-        logits = out.logits.view(-1, *out.logits.shape[2:])[flat]            # [n, 2, V]
-        draft = out.draft_ids.view(-1, out.draft_ids.shape[-1])[flat][:, 0]
-        sampled, kept = self.sampler.verify(requests, rows_params, logits, draft, tail_masks,
-                                            self.k)
-        advances.append((requests, sampled.tokens, kept,
-                         out.hidden.view(-1, *out.hidden.shape[2:])[flat]))   # a copy
-        return [sampled]
+                           **step.slots(i), **common)
+        if not kept:
+            return None
+        flat = step.outputs(i, ok)
+        return Decoded(kept, out.logits.view(-1, *out.logits.shape[2:])[flat],     # copies
+                       out.draft_ids.view(-1, out.draft_ids.shape[-1])[flat][:, 0],
+                       tail_masks, out.hidden.view(-1, *out.hidden.shape[2:])[flat])
 
-    def _advance(self, advances: list[tuple]) -> None:
-        """Every fused launch's slots advanced at once."""
-        requests, tokens, kept, hidden = zip(*advances)
-        self.mtp_slots.advance([r for part in requests for r in part], torch.cat(tokens),
-                               torch.cat(kept), torch.cat(hidden))
+    def _sample_decoded(self, decoded: list[Decoded | None], results) -> list[Sampled]:
+        """Every decode launch's rows sampled in one call; fused, verified in one call
+        and their MTP slots advanced in one update (a request is in one launch a step,
+        and its slot is read again only by the next step)."""
+        parts = [d for d in decoded if d is not None]
+        if not parts:
+            return []
+        step = Decoded.joined(parts)
+        if not self.k:
+            return self.sampler.sample(step.requests, step.logits, results)
+        sampled, kept = self.sampler.verify(step.requests, step.logits, step.draft,
+                                            step.tail_masks, self.k)
+        self.mtp_slots.advance(step.requests, sampled.tokens, kept, step.hidden)
+        return [sampled]
 
     # -- prefill ---------------------------------------------------------------------
 

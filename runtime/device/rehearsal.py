@@ -118,10 +118,12 @@ class Rehearsal:
                              time.perf_counter() - start)
 
     def sample(self, kernel: KernelABI) -> Rehearsed:
-        """The device sampler over a decode launch's logits, every row with every feature
+        """The device sampler over a step's decode logits (every decode launch a rank
+        runs in a step: they are sampled in one call), every row with every feature
         (temperature, top-k, top-p, min-p, penalties, a logit bias, a grammar mask); with
         MTP (seq 2) the verification of each row's draft."""
-        rows, vocab = kernel.rows, self.spec.architecture.CONFIG["vocab_size"]
+        rows = kernel.rows * self.spec.contract.DECODE_MICRO_BATCHES
+        vocab = self.spec.architecture.CONFIG["vocab_size"]
         tokens = rows * kernel.seq
         name = "verify" if kernel.seq > 1 else "sample"
         with fake_device(self.kind), self.mode:

@@ -1,19 +1,20 @@
-"""A launch's rows sampled on the device: each request's sampling row (its parameters,
-stream, output index and state slot) over the SamplingState, and the batch sampler's
-call, plain (one token per row) or verifying an MTP draft (one or two per row).
+"""A step's decode rows sampled on the device in one call: each request's sampling row
+(its parameters and stream, written to its state slot at admission; its output index)
+over the SamplingState, and the batch sampler's call, plain (one token per row) or
+verifying an MTP draft (one or two per row).
 
 Per request, only the host's share of the work can fail alone: a request whose row
-cannot be built gets a StepResult carrying the error and leaves the launch."""
+cannot be built gets a StepResult carrying the error and leaves the step."""
 from __future__ import annotations
 
 import random
 import time
 
+import numpy as np
 import torch
 
 from runtime.core.request import Request
 from runtime.device.grammar_masks import GrammarMasks
-from runtime.device.launch_inputs import Rows
 from runtime.device.step_result import Sampled, StepResult, Timing
 from runtime.device.upload import upload
 from runtime.sampling import batch_sampler
@@ -35,37 +36,39 @@ class Sampler:
         return request.rank * self.states + request.slot
 
     def admit(self, request: Request) -> None:
-        """A request that got its slot: its penalties and bias written to its state."""
+        """A request that got its slot: its parameters, stream, penalties and bias
+        written to its state (read by index every step after)."""
         self.sampling.admit(self.state(request), request.prompt_ids, request.output_ids,
-                            request.params)
+                            request.params, self._seed(request))
 
     def forget(self, request_id: str) -> None:
         self._seeds.pop(request_id, None)
 
-    def params(self, rows: Rows, results) -> tuple[list[tuple[Request, int]], RowParams | None]:
-        """The rows' sampling parameters; a request whose own row cannot be built fails
-        alone (its StepResult carries the error) and leaves the launch."""
-        ok, values = [], []
-        for _, row, request in rows:
+    def usable(self, requests: list[Request], results) -> list[int]:
+        """The positions of the requests whose own share of the step can be built: a
+        constrained request's grammar mask is built now, and one that fails fails
+        alone (its StepResult carries the error) and leaves the step."""
+        ok = []
+        for i, request in enumerate(requests):
             try:
-                values.append(self.row(request))
+                self.masks.check(request)
             except Exception as exc:  # noqa: BLE001 - isolated to this request
                 results[request] = StepResult([], error=exc)
                 continue
-            ok.append((request, row))
-        if not ok:
-            return [], None
-        return ok, self.sampling.row_params(*(list(column) for column in zip(*values)))
+            ok.append(i)
+        return ok
 
-    def row(self, request: Request) -> tuple:
-        """(params, seed, output index, state slot) of a request's sampling row."""
-        self.masks.check(request)
-        return (request.params, self._seed(request), len(request.output_ids),
-                self.state(request))
+    def params(self, requests: list[Request]) -> RowParams:
+        """The rows' sampling parameters, gathered from their state slots (written at
+        admission): per row only its state and its output count cross."""
+        n = len(requests)
+        states = np.fromiter((self.state(r) for r in requests), np.int64, n)
+        counters = np.fromiter((len(r.output_ids) for r in requests), np.int64, n)
+        return self.sampling.rows(states, counters)
 
     def _seed(self, request: Request) -> int:
         """The request's stream (a signed 64-bit integer): its seed, or one drawn once
-        for it."""
+        for it (kept across a preemption: the request takes it to its next slot)."""
         if request.request_id not in self._seeds:
             seed = request.params.seed
             self._seeds[request.request_id] = seed if seed is not None \
@@ -75,12 +78,13 @@ class Sampler:
     def sample(self, requests: list[Request], logits: torch.Tensor, results) -> list[Sampled]:
         """One token per row of logits [n, V] (the rows of `requests`)."""
         t0 = time.perf_counter()
-        ok, rows_params = self.params([(r.rank, i, r) for i, r in enumerate(requests)],
-                                      results)
+        ok = self.usable(requests, results)
         if not ok:
             return []
-        kept = [r for r, _ in ok]
-        logits = logits[upload([i for _, i in ok], self.device)]
+        kept = [requests[i] for i in ok]
+        if len(kept) < len(requests):
+            logits = logits[upload(ok, self.device)]
+        rows_params = self.params(kept)
         counts, seen = self.sampling.penalties(rows_params)
         token, sound = batch_sampler.sample(logits, rows_params, counts, seen,
                                             self.masks.allowed(kept))
@@ -91,12 +95,13 @@ class Sampler:
         return [Sampled(kept, tokens, count, sound, 0,
                         logits[:, None] if _logprobs_wanted(kept) else None)]
 
-    def verify(self, requests: list[Request], rows_params: RowParams, logits: torch.Tensor,
-               draft: torch.Tensor, tail_masks, drafted: int) -> tuple[Sampled, torch.Tensor]:
-        """Fused MTP rows: logits [n, 2, V] at the tail and after the draft [n]; the
-        target, and the bonus token where the draft is kept. Returns the sampled rows
-        and `kept` [n] bool."""
+    def verify(self, requests: list[Request], logits: torch.Tensor, draft: torch.Tensor,
+               tail_masks: np.ndarray | None, drafted: int) -> tuple[Sampled, torch.Tensor]:
+        """Fused MTP rows (usable ones): logits [n, 2, V] at the tail and after the
+        draft [n]; the target, and the bonus token where the draft is kept. Returns the
+        sampled rows and `kept` [n] bool."""
         t0 = time.perf_counter()
+        rows_params = self.params(requests)
         counts, seen = self.sampling.penalties(rows_params)
         allowed = self.masks.allowed_after_draft(requests, tail_masks, draft)
         tokens, kept, sound = batch_sampler.verify(logits, draft, rows_params, counts, seen,

@@ -25,7 +25,7 @@ class TokenLogprobs(msgspec.Struct, array_like=True):
     top: list[tuple[int, float]]
 
 
-@dataclass
+@dataclass(slots=True)
 class StepResult:
     """What one step produced for one request."""
 
@@ -55,6 +55,42 @@ class Sampled:
     logits: torch.Tensor | None = None    # [n, T, V], kept only when log-probs are asked
 
 
+@dataclass
+class Decoded:
+    """One decode launch's usable rows, copied out of its output buffers (the next
+    launch reuses them) until the step samples every launch's rows at once."""
+
+    requests: list[Request]
+    logits: torch.Tensor                  # [n, V], fused MTP: [n, 2, V]
+    draft: torch.Tensor | None = None     # [n] the MTP draft (fused)
+    tail_masks: np.ndarray | None = None  # [n, words] grammar masks (fused, constrained)
+    hidden: torch.Tensor | None = None    # [n, ...] the MTP layer's input (fused)
+
+    @staticmethod
+    def joined(parts: list[Decoded]) -> Decoded:
+        """The launches' rows as one batch, in order."""
+        if len(parts) == 1:
+            return parts[0]
+        first = parts[0]
+        return Decoded([r for p in parts for r in p.requests],
+                       torch.cat([p.logits for p in parts]),
+                       None if first.draft is None else torch.cat([p.draft for p in parts]),
+                       _joined_masks(parts),
+                       None if first.hidden is None else torch.cat([p.hidden for p in parts]))
+
+
+def _joined_masks(parts: list[Decoded]) -> np.ndarray | None:
+    """The launches' grammar masks as one array (a launch without constrained rows
+    allows every token); None when no launch has any."""
+    given = [p.tail_masks for p in parts if p.tail_masks is not None]
+    if not given:
+        return None
+    words = given[0].shape[1]
+    return np.concatenate([p.tail_masks if p.tail_masks is not None
+                           else np.full((len(p.requests), words), -1, np.int32)
+                           for p in parts])
+
+
 def to_host(sampled: list[Sampled], max_logprobs: int) -> dict[Request, StepResult]:
     """Every launch's tokens, counts, soundness (and log-probs) in one transfer."""
     if not sampled:
@@ -79,17 +115,28 @@ def to_host(sampled: list[Sampled], max_logprobs: int) -> dict[Request, StepResu
             top = batch_sampler.top_width(max_logprobs, s.logits.shape[-1])
             logprobs, at = _unpack_logprobs(host, at, n, width, top)
         rows = zip(s.requests, tokens.tolist(), count.tolist(), sound.tolist())
-        for i, (request, row, n, ok) in enumerate(rows):
-            results[request] = _result(request, row[:n], ok, s.drafted, logprobs, i)
+        if logprobs is None and s.drafted:
+            results.update((request, StepResult(row[:n], None, s.drafted, n - 1) if ok
+                            else _unsound()) for request, row, n, ok in rows)
+        elif logprobs is None:
+            results.update((request, StepResult(row[:n]) if ok else _unsound())
+                           for request, row, n, ok in rows)
+        else:
+            for i, (request, row, n, ok) in enumerate(rows):
+                results[request] = _result(request, row[:n], ok, s.drafted, logprobs, i)
     return results
+
+
+def _unsound() -> StepResult:
+    return StepResult([], error=SamplingFailure(
+        "no token has a finite, positive probability under this request's sampling "
+        "parameters"))
 
 
 def _result(request: Request, tokens: list[int], sound: bool, drafted: int,
             logprobs, i: int) -> StepResult:
     if not sound:
-        return StepResult([], error=SamplingFailure(
-            "no token has a finite, positive probability under this request's "
-            "sampling parameters"))
+        return _unsound()
     lps = None
     if request.params.logprobs is not None:
         chosen, ids, vals = logprobs

@@ -127,7 +127,8 @@ def workspace(spec: ModuleType, limits: Any, ranks: int | None = None) -> int:
                    experts;                                       (2 + dtype_bytes)
                    the rows of every rank (a rank may receive     ranks P (dim + k (dim
                    them all), each once per expert it chose       + 5 inter)) dtype_bytes
-        logits     the widest launch's rows x vocabulary          2 rows V 4
+        logits     a step's decode rows (its launches are sampled 2 rows V 4
+                   in one call) x vocabulary
 
     workspace = max(kept + max(attention, indexer, moe) over launches, logits). Lower
     --max-model-len to a smaller bucket to shrink the attention and indexer phases."""

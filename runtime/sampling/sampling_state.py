@@ -57,46 +57,81 @@ def row_params(params: list[SamplingParams], seeds: list[int], counters: list[in
                states: list[int], device: torch.device) -> RowParams:
     """RowParams from the rows' SamplingParams: built on the host, two copies to the
     device; no bias rows (SamplingState.row_params adds the requests' own)."""
-    floats = np.array([(0.0 if p.greedy else min(p.temperature, F32_MAX), p.top_p, p.min_p,
-                        p.presence_penalty, p.frequency_penalty,
-                        min(max(p.repetition_penalty, F32_TINY), F32_MAX)) for p in params],
-                      np.float32).reshape(-1, 6).T
-    ints = np.array([[min(max(p.top_k, 0), TOP_K_CAP) for p in params], seeds, counters,
-                     states], np.int64).reshape(4, -1)
-    f, i64 = (torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in (floats, ints))
-    return RowParams(
-        temperature=f[0], top_p=f[1], min_p=f[2], presence=f[3], frequency=f[4],
-        repetition=f[5], top_k=i64[0], seed=i64[1], counter=i64[2], state=i64[3], bias=None,
-        filtered=any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params),
-        penalized=any(p.penalized for p in params),
-        greedy=all(p.greedy for p in params))
+    table = ParamTable(len(params))
+    for i, (p, seed) in enumerate(zip(params, seeds)):
+        table.write(i, p, seed)
+    return table.rows(np.arange(len(params)), np.asarray(counters, np.int64),
+                      np.asarray(states, np.int64), device)
+
+
+class ParamTable:
+    """Rows of sampling parameters on the host, one per slot, written once (a request's
+    admission) and read by index per launch: a launch's RowParams is a gather, not a
+    loop over its requests' SamplingParams."""
+
+    def __init__(self, slots: int):
+        # temperature (0: greedy), top_p, min_p, presence, frequency, repetition
+        self.floats = np.zeros((slots, 6), np.float32)
+        self.ints = np.zeros((slots, 2), np.int64)          # top_k, seed
+        # filtered, penalized, greedy, biased
+        self.flags = np.zeros((slots, 4), bool)
+
+    def write(self, slot: int, p: SamplingParams, seed: int) -> None:
+        self.floats[slot] = (0.0 if p.greedy else min(p.temperature, F32_MAX), p.top_p,
+                             p.min_p, p.presence_penalty, p.frequency_penalty,
+                             min(max(p.repetition_penalty, F32_TINY), F32_MAX))
+        self.ints[slot] = (min(max(p.top_k, 0), TOP_K_CAP), seed)
+        self.flags[slot] = (p.top_k > 0 or p.top_p < 1 or p.min_p > 0, p.penalized,
+                            p.greedy, bool(p.logit_bias))
+
+    def rows(self, slots: np.ndarray, counters: np.ndarray, states: np.ndarray,
+             device: torch.device) -> RowParams:
+        """The RowParams of table rows `slots` [N] (counters and request state slots
+        [N] int64 given per step); `biased` in `flags` is the caller's to read."""
+        floats = np.ascontiguousarray(self.floats[slots].T)
+        ints = np.stack((self.ints[slots, 0], self.ints[slots, 1], counters, states))
+        flags = self.flags[slots]
+        f, i64 = (torch.from_numpy(a).to(device) for a in (floats, ints))
+        return RowParams(
+            temperature=f[0], top_p=f[1], min_p=f[2], presence=f[3], frequency=f[4],
+            repetition=f[5], top_k=i64[0], seed=i64[1], counter=i64[2], state=i64[3],
+            bias=None, filtered=bool(flags[:, 0].any()), penalized=bool(flags[:, 1].any()),
+            greedy=bool(flags[:, 2].all()))
 
 
 class SamplingState:
     """What requests keep on the device between steps, by state slot (see the module
-    docstring). The runner calls `admit` when a request gets its slot, `row_params` per
-    launch, and `count` with the tokens each row committed."""
+    docstring). The runner calls `admit` when a request gets its slot, `rows` per
+    step, and `count` with the tokens each row committed."""
 
     def __init__(self, slots: int, vocab: int, device: torch.device):
         self.slots, self.vocab, self.device = slots, vocab, device
+        self.params = ParamTable(slots)          # each slot's owner's parameters
         self.counts: torch.Tensor | None = None
         self.prompt: torch.Tensor | None = None
         self.bias: torch.Tensor | None = None
 
     def admit(self, state: int, prompt: list[int], output: list[int],
-              params: SamplingParams) -> None:
-        """A request took slot `state`: its penalty counts and its logit bias row."""
+              params: SamplingParams, seed: int) -> None:
+        """A request took slot `state`: its parameters and stream, its penalty counts
+        and its logit bias row."""
+        self.params.write(state, params, seed)
         if params.penalized:
             self._reset_penalties(state, prompt, output)
         if params.logit_bias or self.bias is not None:
             self._set_bias(state, params.logit_bias)
 
-    def row_params(self, params: list[SamplingParams], seeds: list[int], counters: list[int],
-                   states: list[int]) -> RowParams:
-        rows = row_params(params, seeds, counters, states, self.device)
-        if self.bias is not None and any(p.logit_bias for p in params):
-            rows = replace(rows, bias=self.bias[rows.state])
-        return rows
+    def rows(self, states: np.ndarray, counters: np.ndarray) -> RowParams:
+        """The RowParams of the admitted requests in state slots `states` [N] int64,
+        `counters` [N] their output tokens so far."""
+        rows = self.params.rows(states, counters, states, self.device)
+        return self.biased(rows, bool(self.params.flags[states, 3].any()))
+
+    def biased(self, rows: RowParams, any_bias: bool) -> RowParams:
+        """`rows` with their requests' logit bias, when any row has one."""
+        if self.bias is None or not any_bias:
+            return rows
+        return replace(rows, bias=self.bias[rows.state])
 
     def penalties(self, rows: RowParams) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(output counts [N, V], tokens of prompt or output [N, V]) of the rows, or

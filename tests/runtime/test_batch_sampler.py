@@ -22,7 +22,7 @@ import torch
 
 from runtime.core.sampling_params import SamplingParams
 from runtime.sampling import batch_sampler
-from runtime.sampling.sampling_state import SamplingState
+from runtime.sampling.sampling_state import SamplingState, row_params
 from tests.runtime import sampling_oracle as oracle
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -52,10 +52,12 @@ def launch(reqs: list[Req], slots: list[int], seeds: list[int] | None = None,
     each request admitted to its own state slot, as the model runner does."""
     state = SamplingState(len(reqs), vocab, CPU)
     for slot, req in enumerate(reqs):
-        state.admit(slot, list(req.prompt), list(req.output), req.params)
+        state.admit(slot, list(req.prompt), list(req.output), req.params, seed=0)
     seeds = [1000 + i for i in range(len(slots))] if seeds is None else seeds
     counters = [len(reqs[s].output) for s in slots] if counters is None else counters
-    rows = state.row_params([reqs[s].params for s in slots], seeds, counters, slots)
+    params = [reqs[s].params for s in slots]        # a slot's rows may take other streams
+    rows = state.biased(row_params(params, seeds, counters, slots, CPU),
+                        any(p.logit_bias for p in params))
     return rows, *state.penalties(rows)
 
 
@@ -158,8 +160,8 @@ def test_counting_committed_tokens_advances_the_penalties():
     other = Req(SamplingParams(), prompt=[2], output=[3])
     state = SamplingState(2, V, CPU)
     for slot, r in enumerate([req, other]):
-        state.admit(slot, r.prompt, r.output, r.params)
-    rows = state.row_params([req.params, other.params], [1, 2], [1, 1], [0, 1])
+        state.admit(slot, r.prompt, r.output, r.params, seed=slot + 1)
+    rows = state.rows(np.array([0, 1]), np.array([1, 1]))
     state.count(rows, torch.tensor([[4, 5, 5], [6, 6, 6]]), torch.tensor([3, 1]))
     counts, seen = state.penalties(rows)
     got = batch_sampler.adjusted(EXACT.expand(2, V), rows, counts, seen)
@@ -171,12 +173,12 @@ def test_counting_committed_tokens_advances_the_penalties():
 def test_a_slot_taken_again_forgets_its_last_requests_bias_and_counts():
     state = SamplingState(2, V, CPU)
     old = Req(SamplingParams(frequency_penalty=1.0, logit_bias=((5, 50.0),)), [1], [2, 2])
-    state.admit(0, old.prompt, old.output, old.params)
+    state.admit(0, old.prompt, old.output, old.params, seed=1)
     new = Req(SamplingParams(presence_penalty=0.5), prompt=[3], output=[4])
     plain = Req(SamplingParams(logit_bias=((0, 1.0),)))
-    state.admit(0, new.prompt, new.output, new.params)
-    state.admit(1, plain.prompt, plain.output, plain.params)
-    rows = state.row_params([new.params, plain.params], [1, 2], [1, 0], [0, 1])
+    state.admit(0, new.prompt, new.output, new.params, seed=1)
+    state.admit(1, plain.prompt, plain.output, plain.params, seed=2)
+    rows = state.rows(np.array([0, 1]), np.array([1, 0]))
     got = batch_sampler.adjusted(EXACT.expand(2, V), rows, *state.penalties(rows))
     np.testing.assert_array_equal(_f64(got[0]), new.adjusted(EXACT))
     np.testing.assert_array_equal(_f64(got[1]), plain.adjusted(EXACT))

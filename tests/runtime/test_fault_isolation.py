@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from runtime.core.sampling_params import SamplingParams
-from runtime.device.sampler import Sampler
+from runtime.device.grammar_masks import GrammarMasks
 from runtime.engine.async_engine import AsyncEngine
 from runtime.engine.client import RequestFailedError
 from runtime.sampling import batch_sampler
@@ -57,15 +57,16 @@ def unsound_rows(monkeypatch, after: int) -> None:
 
 
 def failing_rows(monkeypatch, after: int) -> None:
-    """Building the faulty request's sampling row raises once it has `after` tokens."""
-    real = Sampler.row
+    """The host's share of the faulty request's sampling row (its grammar mask, built
+    for every row) raises once it has `after` tokens."""
+    real = GrammarMasks.check
 
     def patched(self, request):
         if request.params.seed == MARK and len(request.output_ids) >= after:
             raise RuntimeError("injected sampling fault")
         return real(self, request)
 
-    monkeypatch.setattr(Sampler, "row", patched)
+    monkeypatch.setattr(GrammarMasks, "check", patched)
 
 
 def _run(engine):

@@ -140,9 +140,8 @@ def _launch(vocab: int, launch: list[Row]):
     """(rows, counts, seen, allowed [N, P, V]) as the model runner builds them."""
     state = SamplingState(len(launch), vocab, CPU)
     for slot, row in enumerate(launch):
-        state.admit(slot, row.prompt, row.output, row.params)
-    rows_ = state.row_params([r.params for r in launch], [r.seed for r in launch],
-                             [len(r.output) for r in launch], list(range(len(launch))))
+        state.admit(slot, row.prompt, row.output, row.params, row.seed)
+    rows_ = state.rows(np.arange(len(launch)), np.array([len(r.output) for r in launch]))
     allowed = batch_sampler.unpack_mask(_pack(np.stack([r.allowed for r in launch])), vocab)
     return rows_, *state.penalties(rows_), allowed
 

@@ -1,0 +1,122 @@
+"""A step's decode launches laid out at once: each row's rank, slot, tail and length read
+off its request in one pass over the step, and every launch's inputs cut from those
+arrays, with no loop over a launch's rows.
+
+    rows     the step's requests in launch order; launch i holds rows bounds[i]:bounds[i+1]
+    row      a request's index among its rank's requests in its launch (a launch is
+             [ranks, batch]); rows without a request have length 0 and the scratch slot
+    flat     rank * batch + row: a row's index into a launch's outputs viewed as
+             [ranks * batch, ...]
+
+What crosses to the device for the step's rows: one upload of every launch's block-table
+gather index and output rows (sliced per launch there), then the [ranks, batch] host
+arrays each launch stages. Nothing here reads more of a request than its tail and its
+length.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from runtime.core.request import Request
+from runtime.device.block_tables import BlockTables
+from runtime.device.upload import upload
+
+
+class DecodeStep:
+    """The decode launches `launches` of one step, [ranks, batch] rows each, K = `k`
+    (`tile`: the context of a launch without rows)."""
+
+    def __init__(self, launches: list[list[Request]], batch: int, ranks: int,
+                 blocks: BlockTables, k: int, tile: int, device: torch.device):
+        self.batch, self.ranks, self.k, self.device = batch, ranks, k, device
+        self.tile = tile
+        self.requests = [r for launch in launches for r in launch]
+        sizes = [len(launch) for launch in launches]
+        self.bounds = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64)))
+        n = len(self.requests)
+        cols = np.fromiter((v for r in self.requests for v in
+                            (r.rank, r.slot, r.slot_generation, r.tail, r.num_tokens)),
+                           np.int64, 5 * n).reshape(n, 5)
+        self.rank, self.slot, self.generation, self.tail, self.length = cols.T
+        launch = np.repeat(np.arange(len(launches)), sizes)
+        self.row = _index_within(launch * ranks + self.rank)
+        self.flat = self.rank * batch + self.row
+        self.blocks = blocks
+        self._index, self._outputs = self._upload(launch, len(launches))
+
+    def _upload(self, launch: np.ndarray, launches: int) -> tuple[torch.Tensor | None, ...]:
+        """Every launch's gather index into the per-slot block tables [launches, ranks *
+        batch] (the scratch slot on rows without a request), and every row's flat index,
+        in one copy (none for a step without decode launches)."""
+        if not launches:
+            return None, None
+        slots = np.full((launches, self.ranks, self.batch), self.blocks.scratch, np.int64)
+        slots[launch, self.rank, self.row] = self.slot
+        index = self.blocks.flat_index(slots.reshape(launches * self.ranks, self.batch))
+        both = upload(np.concatenate((index.reshape(-1), self.flat)), self.device)
+        return both[: index.size].view(launches, -1), both[index.size:]
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    def requests_of(self, i: int) -> list[Request]:
+        return self.requests[self.bounds[i]: self.bounds[i + 1]]
+
+    def _cut(self, i: int, column: np.ndarray) -> np.ndarray:
+        return column[self.bounds[i]: self.bounds[i + 1]]
+
+    def _grid(self, i: int, values: np.ndarray, dtype, fill: int = 0,
+              width: tuple[int, ...] = ()) -> np.ndarray:
+        """[ranks, batch, *width] holding `values` at launch i's rows, `fill` elsewhere."""
+        out = np.full((self.ranks, self.batch, *width), fill, dtype)
+        out.reshape(self.ranks * self.batch, -1)[self._cut(i, self.flat), 0] = values
+        return out
+
+    # -- what every decode launch takes ----------------------------------------------
+
+    def common(self, i: int, into: dict | None = None) -> dict:
+        """Launch i's context reached (its longest row's tail + K drafts), its block
+        tables (gathered into `into`, the launcher's staging buffers, when given) and
+        its live rows (flat, ascending)."""
+        lengths = self._cut(i, self.length)
+        context = int(lengths.max()) + self.k if len(lengths) else self.tile
+        tables = self.blocks.gather_at(self._index[i], self.ranks, self.batch, into)
+        return dict(context=context, live=np.sort(self._cut(i, self.flat)), **tables)
+
+    def tokens(self, i: int) -> dict:
+        """A plain decode's rows: each request's last token at its position."""
+        tail, length = self._cut(i, self.tail), self._cut(i, self.length)
+        return dict(token_ids=self._grid(i, tail, np.int64, width=(1,)),
+                    positions=self._grid(i, length - 1, np.int32),
+                    row_lens=self._grid(i, 1, np.int32))
+
+    def slots(self, i: int) -> dict:
+        """A fused MTP decode's rows: each request's slot and its generation (-1: no
+        row; a row whose slot moved on to another generation is skipped)."""
+        return dict(slot_ids=self._grid(i, self._cut(i, self.slot), np.int32, fill=-1),
+                    slot_gens=self._grid(i, self._cut(i, self.generation), np.int64))
+
+    def rows(self, i: int, kept: list[int]) -> list[int]:
+        """The rows (in the launch) of launch i's requests at positions `kept`."""
+        row = self._cut(i, self.row)
+        return [int(row[j]) for j in kept]
+
+    def outputs(self, i: int, kept: list[int] | None = None) -> torch.Tensor:
+        """[n] the flat output rows of launch i's requests (those at positions `kept`
+        only, when given), on the device."""
+        a, b = self.bounds[i], self.bounds[i + 1]
+        if kept is None or len(kept) == b - a:
+            return self._outputs[a:b]
+        return upload(self._cut(i, self.flat)[kept], self.device)
+
+
+def _index_within(keys: np.ndarray) -> np.ndarray:
+    """Each element's index among the elements before it with the same key."""
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    first = np.repeat(starts, np.diff(np.r_[starts, len(keys)]))
+    within = np.empty_like(keys)
+    within[order] = np.arange(len(keys)) - first
+    return within
