@@ -1,4 +1,4 @@
-"""The engine: one step is schedule -> run -> postprocess.
+"""The engine: one step is schedule -> run -> commit -> outputs.
 
     engine = Engine.build(EngineConfig(spec="tiny", model="models/tiny"))
     engine.add_request([1, 2, 3], SamplingParams(max_tokens=8))
@@ -6,6 +6,8 @@
         for output in engine.step(): ...
 
 `runtime.engine.async_engine.AsyncEngine` drives the same loop from a thread for the server.
+An engine core process (runtime/process/engine_core.py) builds its engine without
+outputs and sends `step_deltas()`, the step as ids: its client makes the outputs.
 """
 from __future__ import annotations
 
@@ -55,7 +57,8 @@ class Stats:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, spec, params, tokenizer: Tokenizer | None):
+    def __init__(self, config: EngineConfig, spec, params, tokenizer: Tokenizer | None,
+                 outputs: bool = True):
         self.config, self.spec, self.params, self.tokenizer = config, spec, params, tokenizer
         self.admission = Admission.plan(config, spec)
         self.k, self.limits, self.capacity = (self.admission.k, self.admission.limits,
@@ -67,8 +70,10 @@ class Engine:
         self.stats = Stats()
         self.requests: dict[str, Request] = {}
         self._preparing: dict[Request, Future] = {}     # grammars compiling, not scheduled
-        # text, stop strings and outputs; tracks a request exactly while it is in requests
-        self.output_processor = OutputProcessor(tokenizer if config.detokenize else None)
+        # text, stop strings and outputs, from add to a request's last output (None: an
+        # engine core's, whose client makes them from the deltas)
+        self.output_processor = OutputProcessor(tokenizer if config.detokenize else None) \
+            if outputs else None
         self._ids = itertools.count()
         self._arrival = itertools.count()
 
@@ -177,7 +182,7 @@ class Engine:
         self.executor.close()
 
     @classmethod
-    def build(cls, config: EngineConfig) -> Engine:
+    def build(cls, config: EngineConfig, outputs: bool = True) -> Engine:
         spec = generated.load(config.spec)
         device = config.device or spec.contract.DEVICE
         _check_executor(config, spec)
@@ -185,7 +190,7 @@ class Engine:
             else load_params(config.model, spec, device=device)   # mp: each rank its own
         tokenizer_path = Path(config.model) / "tokenizer.json"
         tokenizer = Tokenizer(config.model) if tokenizer_path.exists() else None
-        return cls(config, spec, params, tokenizer)
+        return cls(config, spec, params, tokenizer, outputs)
 
     # -- requests --------------------------------------------------------------------
 
@@ -200,14 +205,15 @@ class Engine:
             raise ValueError(f"request id {request_id!r} is already in use")
         eos = eos_token_id(self.tokenizer, self.spec.architecture.CONFIG)
         request = Request(request_id, ids, params, next(self._arrival), eos)
-        self.output_processor.add(request_id, ids, params.stop)
+        if self.output_processor is not None:
+            self.output_processor.add(request_id, ids, params.stop)
         try:
             if params.structured is None:
                 self.scheduler.add(request)           # the last step that may refuse it
             else:
                 self._prepare(request)
         except BaseException:
-            self.output_processor.forget(request_id)
+            self._forget_output(request_id)
             raise
         self.requests[request_id] = request
         return request
@@ -236,6 +242,7 @@ class Engine:
                 compiling.cancel()            # if it has not started
             self.scheduler.finish(request, "abort")
             self._forget(request)
+            self._forget_output(request_id)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work() or bool(self._preparing)
@@ -243,6 +250,18 @@ class Engine:
     # -- the step --------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """One step: an output for each request it advanced or ended (its text too,
+        with a tokenizer)."""
+        outputs = self.output_processor.process(self.step_deltas())
+        for output in outputs:
+            request = self.requests.get(output.request_id)
+            if output.finished and request is not None:     # the processor ended it
+                self._end(request, output)
+        return outputs
+
+    def step_deltas(self) -> list[Delta]:
+        """One step as ids: a Delta for each request it advanced or ended (an engine
+        core sends these). A request that ended here has left the engine."""
         failed = self._prepared()
         if not self.scheduler.has_work():         # only grammars compiling
             return failed
@@ -250,9 +269,9 @@ class Engine:
         out = self.scheduler.schedule()
         self.stats.schedule_seconds += time.perf_counter() - t0
         results = self.executor.execute(out)
-        return failed + self._postprocess(out, results)
+        return failed + self._commit(out, results)
 
-    def _prepared(self) -> list[RequestOutput]:
+    def _prepared(self) -> list[Delta]:
         """Schedule the requests whose grammar compiled (waiting a moment for one when
         there is nothing else to do); a grammar that failed fails its request."""
         if not self._preparing:
@@ -271,53 +290,56 @@ class Engine:
                 failed.append(self._fail(request, compiling.exception()))
         return failed
 
-    def _postprocess(self, out: SchedulerOutput,
-                     results: dict[Request, StepResult]) -> list[RequestOutput]:
+    def _commit(self, out: SchedulerOutput, results: dict[Request, StepResult]) -> list[Delta]:
         """Commit what the step produced. A request whose share of the step failed (its
-        sampling, detokenization or stop check) ends alone with an error output; the
-        others go on."""
+        sampling, its grammar) ends alone with an error; the others go on."""
         self.stats.steps += 1
         self.stats.prompt_tokens += sum(ch.length for ch in out.prefill)
         failed = [self._fail(r, res.error) for r, res in results.items() if res.error]
         kept = self.scheduler.commit(out, {r: res.tokens for r, res in results.items()
                                            if not res.error})
+        deltas = []
         for request, tokens in kept.items():
-            self._count(request, results[request], tokens)
-        outputs = self.output_processor.process(
-            _delta(request, tokens, results[request]) for request, tokens in kept.items())
-        for output in outputs:
-            if output.finished:
-                self._end(self.requests[output.request_id], output)
-        return failed + outputs
+            result = results[request]
+            if result.drafted:
+                self._count_drafts(request, result)
+            deltas.append(_delta(request, tokens, result))
+            if request.finished:
+                self._forget(request)
+        self.stats.generation_tokens += sum(map(len, kept.values()))
+        return failed + deltas
 
     def _end(self, request: Request, output: RequestOutput) -> None:
-        """A finished output's request leaves the engine. One the processor ended (a stop
-        string; its text failed) ends in the scheduler here, with the output's reason."""
+        """A request the output processor ended (a stop string; its text failed) ends in
+        the scheduler, with the output's reason."""
         self.scheduler.finish(request, output.finish_reason, output.stop_reason)
         self._forget(request)
 
-    def _fail(self, request: Request, error: Exception) -> RequestOutput:
+    def _fail(self, request: Request, error: Exception) -> Delta:
         """End a request whose own processing raised; free what it holds."""
         self.scheduler.finish(request, "error")
-        output = self.output_processor.fail(request.request_id, error,
-                                            request.num_cached_tokens)
+        why = f"{type(error).__name__}: {error}"
+        log.error("request %s failed: %s", request.request_id, why, exc_info=error)
         self._forget(request)
-        return output
+        return Delta(request.request_id, [], True, "error", error=why,
+                     num_cached_tokens=request.num_cached_tokens)
 
-    def _count(self, request: Request, result: StepResult, tokens: list[int]) -> None:
+    def _count_drafts(self, request: Request, result: StepResult) -> None:
         request.draft_tokens += result.drafted
         request.accepted_tokens += result.accepted
-        self.stats.generation_tokens += len(tokens)
-        if result.drafted:
-            self.stats.drafts += 1
-            self.stats.draft_tokens += result.drafted
-            self.stats.accepted_tokens += result.accepted
+        self.stats.drafts += 1
+        self.stats.draft_tokens += result.drafted
+        self.stats.accepted_tokens += result.accepted
 
     def _forget(self, request: Request) -> None:
+        """A request that ended leaves the engine (its output, if any, is still made)."""
         self.stats.requests_finished += 1
         self.executor.forget(request.request_id)
         self.requests.pop(request.request_id, None)
-        self.output_processor.forget(request.request_id)
+
+    def _forget_output(self, request_id: str) -> None:
+        if self.output_processor is not None:
+            self.output_processor.forget(request_id)
 
     # -- offline use -----------------------------------------------------------------
 
@@ -340,8 +362,8 @@ class Engine:
 def _delta(request: Request, tokens: list[int], result: StepResult) -> Delta:
     """What the step kept of a request's tokens, and the scheduler's finish, as ids."""
     return Delta(request.request_id, tokens, request.finished, request.finish_reason,
-                 request.stop_reason, (result.logprobs or [])[: len(tokens)],
-                 num_cached_tokens=request.num_cached_tokens)
+                 request.stop_reason, result.logprobs[: len(tokens)] if result.logprobs
+                 else [], num_cached_tokens=request.num_cached_tokens)
 
 
 def _check_executor(config: EngineConfig, spec) -> None:

@@ -34,7 +34,7 @@ from runtime.text.tokenizer import Tokenizer
 log = logging.getLogger("v4serve.engine")
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestOutput:
     """One step's news of a request, and everything so far as of that step."""
 
@@ -104,16 +104,6 @@ class OutputProcessor:
         text fails ends alone, with an error output."""
         return [self._output(tracked, delta) for delta in deltas
                 if (tracked := self._tracked.get(delta.request_id)) is not None]
-
-    def fail(self, request_id: str, error: Exception,
-             num_cached_tokens: int | None = None) -> RequestOutput:
-        """End a tracked request whose own processing raised (its sampling, its grammar):
-        its error output."""
-        _log_failure(request_id, error)
-        tracked = self._tracked.get(request_id) or _Tracked([], None)
-        out = _failed(request_id, tracked, _describe(error), num_cached_tokens)
-        self.forget(request_id)
-        return out
 
     def _output(self, tracked: _Tracked, delta: Delta) -> RequestOutput:
         tracked.output_ids += delta.new_ids

@@ -24,9 +24,8 @@ import zmq
 from runtime.core.config import EngineConfig
 from runtime.engine.engine import Engine
 from runtime.engine.intake import take
-from runtime.engine.output_processor import RequestOutput
 from runtime.executor.parent_watch import die_with_parent
-from runtime.process.core_messages import Dead, Delta, Ready, Refused, Shutdown, Step, ToCore
+from runtime.process.core_messages import Dead, Ready, Refused, Shutdown, Step, ToCore
 from runtime.process.precompile import compile_missing
 
 log = logging.getLogger("v4serve.core")
@@ -39,9 +38,6 @@ class EngineCore:
         self.encoder, self.decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(ToCore)
         self.refused: list[Refused] = []
 
-    def send(self, message) -> None:
-        self.outbox.send(self.encoder.encode(message), copy=False)
-
     def run(self) -> None:
         """Steps while there is work; waits for messages when there is none. Returns on
         Shutdown; raises what a step raised."""
@@ -49,11 +45,20 @@ class EngineCore:
             taken = self._take(block=not self.engine.has_unfinished())
             if taken is None:
                 return
-            deltas = [_delta(o) for o in self.engine.step()] \
-                if self.engine.has_unfinished() else []
-            if deltas or taken:          # an abort alone changes the metrics too
-                self.send(Step(deltas, self.refused, self.engine.snapshot()))
-                self.refused = []
+            message = self.step(taken)
+            if message is not None:
+                self.outbox.send(message, copy=False)
+
+    def step(self, taken: int = 0) -> bytes | None:
+        """One engine step (if there is work) as the Step message to send: its deltas,
+        the refusals since the last one, the metrics; None when there is nothing to say
+        (no delta, and no message `taken` since the last step)."""
+        deltas = self.engine.step_deltas() if self.engine.has_unfinished() else []
+        if not (deltas or taken):        # an abort alone changes the metrics too
+            return None
+        message = self.encoder.encode(Step(deltas, self.refused, self.engine.snapshot()))
+        self.refused = []
+        return message
 
     def _take(self, block: bool) -> int | None:
         """Apply every message waiting (after waiting for one if `block`); how many, or
@@ -70,12 +75,6 @@ class EngineCore:
             if refused is not None:
                 self.refused.append(refused)
         return taken
-
-
-def _delta(out: RequestOutput) -> Delta:
-    """An output as ids again: the text is the server's output processor's to make."""
-    return Delta(out.request_id, out.new_ids, out.finished, out.finish_reason,
-                 out.stop_reason, out.logprobs, out.error, out.num_cached_tokens)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     encoder = msgspec.msgpack.Encoder()
     compiling, engine = None, None
     try:
-        engine = Engine.build(EngineConfig(**json.loads(args.config)))
+        engine = Engine.build(EngineConfig(**json.loads(args.config)), outputs=False)
         engine.warmup()
         compiling = compile_missing(engine)
         outbox.send(encoder.encode(Ready(engine.summary(), engine.snapshot())))

@@ -84,8 +84,10 @@ def test_an_engine_error_and_a_text_fault_end_only_their_request(monkeypatch):
     assert bad.error == "UnicodeError: injected detokenizer fault"
     assert bad.output_ids == IDS[:2] and (bad.text, bad.new_ids) == ("", [])
     assert (core.finish_reason, core.error) == ("error", "boom")
-    failed = processor.fail("ok", RuntimeError("sampling"), num_cached_tokens=3)
+    failed, = processor.process([Delta("ok", [], True, "error", error="RuntimeError: sampling",
+                                       num_cached_tokens=3)])
     assert failed.error == "RuntimeError: sampling" and failed.output_ids == IDS[:2]
+    assert failed.num_cached_tokens == 3
     assert processor.process([Delta(r, [5], False) for r in ("ok", "bad", "core")]) == []
 
 
