@@ -1,14 +1,15 @@
 """Host work per engine step at a deployment's scale: does it grow with the context?
 
-The real engine (scheduler, model runner, generated launch tables, sampler, output path)
-runs decode steps for `--rows` running requests (at most what the spec runs at once: the
+The real engine core's step (runtime/process/engine_core.EngineCore.step: the scheduler,
+model runner, generated launch tables, sampler, the commit of the tokens and the step's
+message to the server, encoded; the server's text is made in its own process) runs
+decode steps for `--rows` running requests (at most what the spec runs at once: the
 tiny spec's 64) of each context length (at most the spec's max_model_len, less room to
-decode), with the kernels
-stubbed at the launch boundary: the dry-run backend on the meta device, where every
-tensor has its real shape and no storage, so that V4-Flash's pools for 256 requests of
-1M tokens cost nothing and a device op costs only its dispatch (as a launch on a GPU
-costs the host). The step's one read from the device (runtime/device/step_result.to_host)
-reads ones: each row keeps one token, id 1.
+decode), with the kernels stubbed at the launch boundary: the dry-run backend on the
+meta device, where every tensor has its real shape and no storage, so that V4-Flash's
+pools for 256 requests of 1M tokens cost nothing and a device op costs only its
+dispatch (as a launch on a GPU costs the host). The step's one read from the device
+(runtime/device/step_result.to_host) reads ones: each row keeps one token, id 1.
 
 The requests are placed as if their prompts had been prefilled (the prefill of 256 x 1M
 tokens is not what this measures): each takes a rank, a slot and the blocks of its
@@ -17,18 +18,19 @@ block table is written whole once) are left out of the figures.
 
 Per spec, K (MTP off and on) and context it prints, as medians over `--steps` steps:
 
-    host ms/step    the wall time of Engine.step less the time inside its device ops and
+    host ms/step    the wall time of the core's step less the time inside its device ops and
                     less what timing them costs (calibrated by replaying one step's ops),
                     per step, the median; on meta an op costs its Python shape function,
                     which a GPU does not have, while a GPU's launch costs the host ~5 us
                     an op (times the next column)
     ops/step        the device ops the step dispatches
-    wall ms/step    the wall time of Engine.step on meta, ops included
+    wall ms/step    the wall time of the core's step on meta, ops included
     H2D B/step      bytes copied from the host to the device (runtime/device/upload.Uploads)
     plan B/step     for the mp executor: the bytes of the step's plan to the rank
                     workers, as its writer encodes them (runtime/executor/step_plan.
-                    PlanWriter); the mp rows' host time adds the writer's and the ranks'
-                    reader's time to the step's
+                    PlanWriter); the mp rows' host time adds the writer's and rank 0's
+                    reader's time to the step's (an upper bound: the ranks run their
+                    shares of the runner's work in parallel, a rank only its own)
 
     .venv/bin/python bench/host_overhead.py [--specs deepseek-v4-flash tiny] [--rows 256]
         [--contexts 1024 32768 131072 1048576] [--ks 0 1] [--steps 10] [--rounds 4]
@@ -43,6 +45,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.util
+import inspect
 import json
 import statistics
 import subprocess
@@ -66,6 +69,7 @@ from runtime.core.request import Request, Status  # noqa: E402
 from runtime.core.sampling_params import SamplingParams  # noqa: E402
 from runtime.device import model_runner  # noqa: E402
 from runtime.engine.engine import Engine  # noqa: E402
+from runtime.process.engine_core import EngineCore  # noqa: E402
 from runtime.weights.fake_checkpoint import FakeCheckpoint  # noqa: E402
 from runtime.weights.loader import load_params  # noqa: E402
 
@@ -133,12 +137,30 @@ def _params(spec_name: str):
 
 
 def build(spec_name: str, k: int) -> Engine:
-    """An engine of the spec on the meta device and the dry-run backend."""
+    """An engine core's engine (no outputs of its own: the server makes them) of the
+    spec on the meta device and the dry-run backend."""
     spec, params = generated.load(spec_name), _params(spec_name)
     config = EngineConfig(spec=spec_name, model=str(TREE / "models" / "tiny"), device="meta",
                           backend="dryrun", num_speculative_tokens=k,
                           enable_prefix_caching=False, detokenize=False)
-    return Engine(config, spec, params, None)
+    if "outputs" in inspect.signature(Engine).parameters:
+        return Engine(config, spec, params, None, outputs=False)
+    return Engine(config, spec, params, None)            # a baseline: outputs made here
+
+
+def core_step(engine: Engine):
+    """The engine core's step: the step's message to the server, encoded (a baseline
+    without EngineCore.step: its run loop's body, outputs turned back into deltas)."""
+    core = EngineCore(engine, None, None)
+    if hasattr(core, "step"):
+        return core.step
+    from runtime.process.core_messages import Step
+    from runtime.process.engine_core import _delta
+
+    def step():
+        deltas = [_delta(o) for o in engine.step()]
+        return core.encoder.encode(Step(deltas, [], engine.snapshot()))
+    return step
 
 
 def place(engine: Engine, rows: int, context: int) -> None:
@@ -155,7 +177,9 @@ def place(engine: Engine, rows: int, context: int) -> None:
         request.num_computed = context - 1
         scheduler.running[rank].append(request)
         engine.requests[request.request_id] = request
-        engine.output_processor.add(request.request_id, prompt)
+        if engine.output_processor is not None:
+            engine.output_processor.add(request.request_id, prompt)
+        engine.executor.sampler.admit(request)      # as a step's new slot owners are
 
 
 def _module_here(name: str, path: str):
@@ -177,7 +201,7 @@ class _Planned:
     def __init__(self, runner):
         self.runner, self.bytes, self.seconds = runner, [], []
         if PlanWriter is not None:
-            writer, reader = PlanWriter(), PlanReader()
+            writer, reader = PlanWriter(), PlanReader(0)        # as rank 0 reads it
             self.write, self.read = (lambda out: writer.write(out, [], [])), reader.read
         else:
             self.write, self.read = _pickled_plans()
@@ -266,11 +290,12 @@ class _Run:
         place(engine, self.rows, context)
         self.planned = engine.executor = _Planned(engine.executor)
         self.engine, self.spec, self.k, self.context = engine, spec_name, k, context
+        self.step = core_step(engine)
         self.wall, self.host, self.ops, self.uploads = [], [], [], []
         for _ in range(WARM_STEPS):
-            engine.step()
+            self.step()
         with _Recorded() as recorded:
-            engine.step()
+            self.step()
         self.per_op = _timing_cost(recorded.calls)
         self.planned.bytes.clear()
         self.planned.seconds.clear()
@@ -281,12 +306,12 @@ class _Run:
         per op (one step's own figures: the machine's noise in the ops cancels)."""
         for _ in range(steps):
             t0 = time.perf_counter()
-            self.engine.step()
+            self.step()
             self.wall.append(time.perf_counter() - t0)
         for _ in range(steps):
             with _DeviceOps() as counted:
                 t0 = time.perf_counter()
-                self.engine.step()
+                self.step()
                 timed = time.perf_counter() - t0
             self.host.append(timed - counted.seconds - counted.count * self.per_op)
             self.ops.append(counted.count)
@@ -294,7 +319,7 @@ class _Run:
     def count_uploads(self, steps: int = 3) -> None:
         for _ in range(steps):
             with Uploads() as counted:
-                self.engine.step()
+                self.step()
             self.uploads.append(counted.bytes)
 
     def figures(self) -> list[dict]:

@@ -8,6 +8,8 @@ bench/host_overhead.py drives one) tensors have no values: shapes only.
 """
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 
 from contract.abi import ABIError, Arg, KernelABI
@@ -31,18 +33,23 @@ class DryRunBackend(Backend):
         missing = [a.name for a in kernel.args if a.name not in named]
         if missing:
             raise ABIError(f"{kernel.name}: no argument {missing[0]!r}")
-        for arg in kernel.args:
-            _check_arg(kernel.name, arg, named[arg.name])
+        for arg, dtype in _checked(kernel):
+            _check_arg(kernel.name, arg, dtype, named[arg.name])
         if named["pool_ori"].device.type != "meta":          # meta: no values to check
             _check_block_ids(kernel, named)
             _check_row_lens(kernel, named)
         self.launches[kernel.name] = self.launches.get(kernel.name, 0) + 1
 
 
-def _check_arg(kernel: str, arg: Arg, value: object) -> None:
-    if arg.role in ("weight", "scalar"):
-        return
-    if not isinstance(value, torch.Tensor) or value.dtype != torch_dtype(arg.dtype) \
+@cache
+def _checked(kernel: KernelABI) -> tuple[tuple[Arg, torch.dtype], ...]:
+    """The kernel's tensor arguments (not weights or scalars) and their dtypes."""
+    return tuple((a, torch_dtype(a.dtype)) for a in kernel.args
+                 if a.role not in ("weight", "scalar"))
+
+
+def _check_arg(kernel: str, arg: Arg, dtype: torch.dtype, value: object) -> None:
+    if not isinstance(value, torch.Tensor) or value.dtype != dtype \
             or not fits(value.shape, arg.shape):
         raise ABIError(f"{kernel}: argument {arg.name} does not match "
                        f"{arg.dtype} {fmt_shape(arg.shape)}")

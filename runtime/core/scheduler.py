@@ -25,12 +25,15 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from runtime.core.block_pool import BlockPool
 from runtime.core.cache_manager import CacheManager, Hit, PageCopy, Pin, Save, too_large
 from runtime.core.mtp_slots import SlotTable
 from runtime.core.prefix_cache import CacheStats, Layout
 from runtime.core.request import Request, Status
+
+_ARRIVAL = attrgetter("arrival")
 
 
 @dataclass(frozen=True)
@@ -209,7 +212,7 @@ class Scheduler:
                          budget: list[int]) -> list[Request]:
         rows = []
         tokens = self.config.k + 1
-        for request in sorted(self.running[rank], key=lambda r: r.arrival):
+        for request in sorted(self.running[rank], key=_ARRIVAL):
             if request.status is not Status.RUNNING or request.prefilling:
                 continue
             need = self.cache.need(request, request.num_tokens + self.config.k)

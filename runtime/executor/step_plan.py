@@ -38,7 +38,7 @@ to R on a re-admission. A reader without a rank rebuilds the whole step, ranks k
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgspec
 
@@ -61,35 +61,32 @@ from runtime.executor.plan_messages import (
 
 @dataclass
 class _Sent:
-    """What the ranks hold of one request. The engine's block dict and lists are kept
-    by reference: a different object means the scheduler replaced them."""
+    """What the ranks hold of one request. The engine's block dict is kept by reference:
+    the scheduler gives a request a new dict at every admission and its end, and between
+    two it only extends the dict's lists (runtime/core/cache_manager.py); so the same
+    dict at the same placement has the lists last sent, grown or not."""
 
     request: Request
     outputs: int = 0                                      # output tokens sent
     place: tuple | None = None                            # (rank, slot, slot_generation)
     blocks: dict | None = None                            # the engine's dict, as last sent
-    sent: dict[str, tuple[list[int], int]] = field(default_factory=dict)  # list, ids sent
-
-    def moved(self) -> bool:
-        """Whether the request was placed anew since the last Sync (its lists replaced)."""
-        r = self.request
-        return (self.place != (r.rank, r.slot, r.slot_generation) or r.blocks is not self.blocks
-                or r.blocks.keys() != self.sent.keys()
-                or any(r.blocks[g] is not ids or len(ids) < n
-                       for g, (ids, n) in self.sent.items()))
+    lengths: tuple[int, ...] = ()                         # its lists' lengths then
 
     def sync(self, handle: int) -> Sync | None:
         """The diff of the request since the last call (None: nothing changed)."""
         r = self.request
         tokens = r.output_ids[self.outputs:]
         self.outputs = len(r.output_ids)
+        lengths = tuple(map(len, r.blocks.values()))
         placed, grown = None, {}
-        if self.moved():
+        place = (r.rank, r.slot, r.slot_generation)
+        if r.blocks is not self.blocks or place != self.place:       # placed anew
             placed = Placement(r.rank, r.slot, r.slot_generation, r.blocks)
-            self.place, self.blocks = (r.rank, r.slot, r.slot_generation), r.blocks
-        else:
-            grown = {g: ids[n:] for g, (ids, n) in self.sent.items() if len(ids) > n}
-        self.sent = {g: (ids, len(ids)) for g, ids in r.blocks.items()}
+            self.place, self.blocks = place, r.blocks
+        elif lengths != self.lengths:
+            grown = {g: ids[n:] for (g, ids), n in zip(r.blocks.items(), self.lengths)
+                     if len(ids) > n}
+        self.lengths = lengths
         if not tokens and not grown and placed is None:
             return None
         return Sync(handle, tokens, grown, placed)
@@ -246,8 +243,13 @@ class PlanReader:
         return self._here(self._ranks[handle])
 
     def _output(self, plan: Plan) -> SchedulerOutput:
-        mine = self._mine
-        decode = [[self._mirrors[h] for h in launch if mine(h)] for launch in plan.decode]
+        mine, mirrors = self._mine, self._mirrors
+        if self.rank is None:
+            decode = [[mirrors[h] for h in launch] for launch in plan.decode]
+        else:
+            ranks, rank = self._ranks, self.rank
+            decode = [[mirrors[h] for h in launch if ranks[h] == rank]
+                      for launch in plan.decode]
         for request in (r for launch in decode for r in launch):
             request.num_computed = request.num_tokens - 1     # all but the tail
         prefill = [PrefillChunk(self._mirrors[c.handle], c.slot, c.start, c.length)
