@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -89,15 +90,16 @@ def main() -> None:
 
     def admit_all() -> None:
         for slot, p in enumerate(params):
-            state.admit(slot, [1, 2, 3], [4, 5], p)
+            state.admit(slot, [1, 2, 3], [4, 5], p, seeds[slot])
 
     admitted = timed(admit_all, 1, device)   # the tables' pages are touched once, first
-    rows = state.row_params(params, seeds, counters, states)
+    at, done = np.array(states), np.array(counters)
+    rows = state.rows(at, done)
     logits = torch.randn(args.rows, args.vocab, device=device)
     counts, seen = state.penalties(rows)
     print(f"{args.rows} rows, {args.biased} with a {args.vocab}-entry logit_bias, on {device}")
     print(f"  admit every row (once per request)  {admitted:8.1f} ms")
-    build = timed(lambda: state.row_params(params, seeds, counters, states), args.reps, device)
+    build = timed(lambda: state.rows(at, done), args.reps, device)
     draw = timed(lambda: batch_sampler.sample(logits, rows, counts, seen), args.reps, device)
     print(f"  row parameters (per launch)         {build:8.1f} ms")
     print(f"  sample (per launch)                 {draw:8.1f} ms")

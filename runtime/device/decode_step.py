@@ -30,35 +30,41 @@ class DecodeStep:
     def __init__(self, launches: list[list[Request]], batch: int, ranks: int,
                  blocks: BlockTables, k: int, tile: int, device: torch.device):
         self.batch, self.ranks, self.k, self.device = batch, ranks, k, device
-        self.tile = tile
+        self.blocks, self.launches = blocks, len(launches)
         self.requests = [r for launch in launches for r in launch]
-        sizes = [len(launch) for launch in launches]
-        self.bounds = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64)))
+        sizes = np.fromiter(map(len, launches), np.int64, self.launches)
+        self.bounds = np.concatenate(([0], np.cumsum(sizes)))
         n = len(self.requests)
         cols = np.fromiter((v for r in self.requests for v in
                             (r.rank, r.slot, r.slot_generation, r.tail, r.num_tokens)),
                            np.int64, 5 * n).reshape(n, 5)
         self.rank, self.slot, self.generation, self.tail, self.length = cols.T
-        launch = np.repeat(np.arange(len(launches)), sizes)
+        launch = np.repeat(np.arange(self.launches), sizes)
         self.row = _index_within(launch * ranks + self.rank)
         self.flat = self.rank * batch + self.row
-        self.blocks = blocks
-        self._index, self._outputs = self._upload(launch, len(launches))
+        self._at = launch * (ranks * batch) + self.flat     # in [launches * ranks * batch]
+        self._live = self.flat[np.lexsort((self.flat, launch))]  # ascending per launch
+        self._contexts = np.full(self.launches, tile, np.int64)
+        rows = sizes > 0
+        if rows.any():          # a launch's longest row (its tail) + K drafts
+            self._contexts[rows] = np.maximum.reduceat(self.length, self.bounds[:-1][rows]) + k
+        self._index, self._outputs = self._upload()
+        self._tokens: dict[str, np.ndarray] | None = None    # every launch's, made
+        self._slots: dict[str, np.ndarray] | None = None     # at the first ask
 
-    def _upload(self, launch: np.ndarray, launches: int) -> tuple[torch.Tensor | None, ...]:
+    def _upload(self) -> tuple[torch.Tensor | None, ...]:
         """Every launch's gather index into the per-slot block tables [launches, ranks *
         batch] (the scratch slot on rows without a request), and every row's flat index,
         in one copy (none for a step without decode launches)."""
-        if not launches:
+        if not self.launches:
             return None, None
-        slots = np.full((launches, self.ranks, self.batch), self.blocks.scratch, np.int64)
-        slots[launch, self.rank, self.row] = self.slot
-        index = self.blocks.flat_index(slots.reshape(launches * self.ranks, self.batch))
+        slots = self._grids(self.slot, np.int64, fill=self.blocks.scratch)
+        index = self.blocks.flat_index(slots.reshape(-1, self.batch))
         both = upload(np.concatenate((index.reshape(-1), self.flat)), self.device)
-        return both[: index.size].view(launches, -1), both[index.size:]
+        return both[: index.size].view(self.launches, -1), both[index.size:]
 
     def __len__(self) -> int:
-        return len(self.bounds) - 1
+        return self.launches
 
     def requests_of(self, i: int) -> list[Request]:
         return self.requests[self.bounds[i]: self.bounds[i + 1]]
@@ -66,11 +72,12 @@ class DecodeStep:
     def _cut(self, i: int, column: np.ndarray) -> np.ndarray:
         return column[self.bounds[i]: self.bounds[i + 1]]
 
-    def _grid(self, i: int, values: np.ndarray, dtype, fill: int = 0,
-              width: tuple[int, ...] = ()) -> np.ndarray:
-        """[ranks, batch, *width] holding `values` at launch i's rows, `fill` elsewhere."""
-        out = np.full((self.ranks, self.batch, *width), fill, dtype)
-        out.reshape(self.ranks * self.batch, -1)[self._cut(i, self.flat), 0] = values
+    def _grids(self, values, dtype, fill: int = 0, width: tuple[int, ...] = ()
+               ) -> np.ndarray:
+        """[launches, ranks, batch, *width] holding each row's value at its row of its
+        launch, `fill` elsewhere."""
+        out = np.full((self.launches, self.ranks, self.batch, *width), fill, dtype)
+        out.reshape(out.shape[0] * self.ranks * self.batch, -1)[self._at, 0] = values
         return out
 
     # -- what every decode launch takes ----------------------------------------------
@@ -79,23 +86,24 @@ class DecodeStep:
         """Launch i's context reached (its longest row's tail + K drafts), its block
         tables (gathered into `into`, the launcher's staging buffers, when given) and
         its live rows (flat, ascending)."""
-        lengths = self._cut(i, self.length)
-        context = int(lengths.max()) + self.k if len(lengths) else self.tile
         tables = self.blocks.gather_at(self._index[i], self.ranks, self.batch, into)
-        return dict(context=context, live=np.sort(self._cut(i, self.flat)), **tables)
+        return dict(context=int(self._contexts[i]), live=self._cut(i, self._live), **tables)
 
     def tokens(self, i: int) -> dict:
         """A plain decode's rows: each request's last token at its position."""
-        tail, length = self._cut(i, self.tail), self._cut(i, self.length)
-        return dict(token_ids=self._grid(i, tail, np.int64, width=(1,)),
-                    positions=self._grid(i, length - 1, np.int32),
-                    row_lens=self._grid(i, 1, np.int32))
+        if self._tokens is None:
+            self._tokens = dict(token_ids=self._grids(self.tail, np.int64, width=(1,)),
+                                positions=self._grids(self.length - 1, np.int32),
+                                row_lens=self._grids(1, np.int32))
+        return {name: value[i] for name, value in self._tokens.items()}
 
     def slots(self, i: int) -> dict:
         """A fused MTP decode's rows: each request's slot and its generation (-1: no
         row; a row whose slot moved on to another generation is skipped)."""
-        return dict(slot_ids=self._grid(i, self._cut(i, self.slot), np.int32, fill=-1),
-                    slot_gens=self._grid(i, self._cut(i, self.generation), np.int64))
+        if self._slots is None:
+            self._slots = dict(slot_ids=self._grids(self.slot, np.int32, fill=-1),
+                               slot_gens=self._grids(self.generation, np.int64))
+        return {name: value[i] for name, value in self._slots.items()}
 
     def rows(self, i: int, kept: list[int]) -> list[int]:
         """The rows (in the launch) of launch i's requests at positions `kept`."""

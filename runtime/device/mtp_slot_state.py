@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+import numpy as np
 import torch
 
 from runtime.core.request import Request
@@ -73,5 +74,7 @@ class MtpSlotState:
                                              kept.long()]
 
     def _rank_slot(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
-        pairs = upload([(r.rank, r.slot) for r in requests], self.device)
+        n = len(requests)
+        pairs = np.fromiter((v for r in requests for v in (r.rank, r.slot)), np.int64, 2 * n)
+        pairs = upload(pairs.reshape(n, 2), self.device)
         return pairs[:, 0], pairs[:, 1]

@@ -91,6 +91,11 @@ def _joined_masks(parts: list[Decoded]) -> np.ndarray | None:
                            for p in parts])
 
 
+def read(values: torch.Tensor) -> np.ndarray:
+    """The step's one copy from the device to the host (float64 [n])."""
+    return values.cpu().numpy()
+
+
 def to_host(sampled: list[Sampled], max_logprobs: int) -> dict[Request, StepResult]:
     """Every launch's tokens, counts, soundness (and log-probs) in one transfer."""
     if not sampled:
@@ -102,7 +107,7 @@ def to_host(sampled: list[Sampled], max_logprobs: int) -> dict[Request, StepResu
             lp, ids, vals = batch_sampler.logprobs(s.logits, s.tokens, max_logprobs)
             parts += [lp.reshape(-1).double(), ids.reshape(-1).double(),
                       vals.reshape(-1).double()]
-    host = torch.cat(parts).cpu().numpy()
+    host = read(torch.cat(parts))
     results, at = {}, 0
     for s in sampled:
         n, width = s.tokens.shape

@@ -15,9 +15,9 @@ from tests.model.support import FIXTURE, REF, Driver
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 
-def make_engine(params, **overrides) -> Engine:
+def make_engine(params, outputs: bool = True, **overrides) -> Engine:
     config = EngineConfig(spec="reference", model=FIXTURE, **overrides)
-    return Engine(config, REF, params, Tokenizer(FIXTURE))
+    return Engine(config, REF, params, Tokenizer(FIXTURE), outputs=outputs)
 
 
 def random_prompt(length: int, seed: int) -> list[int]:

@@ -260,3 +260,29 @@ def test_a_logit_bias_is_written_once_per_request_and_steers_every_step(params,
     assert out.output_ids == [favoured] * 12
     assert writes == [512]
     assert_all_free(engine)
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_an_engine_core_sends_as_deltas_what_the_outputs_carry(params, k):
+    """An engine built without outputs (an engine core's: the server makes them) steps
+    to the same tokens and finishes, as deltas, and holds nothing after."""
+    prompts = [random_prompt(n, seed) for seed, n in enumerate([5, 140, 33, 90])]
+    sampled = [SamplingParams(temperature=0.9, seed=seed, max_tokens=6 + 3 * seed,
+                              stop_token_ids=[7]) for seed in range(len(prompts))]
+    outputs = make_engine(params, num_speculative_tokens=k)
+    core = make_engine(params, outputs=False, num_speculative_tokens=k)
+    got = {}
+    for engine in (outputs, core):
+        for i, (prompt, p) in enumerate(zip(prompts, sampled)):
+            engine.add_request(prompt, p, request_id=f"r{i}")
+    while outputs.has_unfinished():
+        for out in outputs.step():
+            got.setdefault(out.request_id, [[], None])[0].extend(out.new_ids)
+            got[out.request_id][1] = out.finish_reason
+    sent = {}
+    while core.has_unfinished():
+        for delta in core.step_deltas():
+            sent.setdefault(delta.request_id, [[], None])[0].extend(delta.new_ids)
+            sent[delta.request_id][1] = delta.finish_reason
+    assert sent == got and len(got) == len(prompts)
+    assert_all_free(core)
