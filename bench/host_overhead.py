@@ -34,11 +34,14 @@ Per spec, K (MTP off and on) and context it prints, as medians over `--steps` st
 
     .venv/bin/python bench/host_overhead.py [--specs deepseek-v4-flash tiny] [--rows 256]
         [--contexts 1024 32768 131072 1048576] [--ks 0 1] [--steps 10] [--rounds 4]
-        [--against REV] [--json]
+        [--against REV] [--breakdown] [--json]
 
 `--against REV` measures the engine of git revision REV the same way, in a worktree of
 its own, this file measuring (REV's pickled plans stand for the plan bytes before the
-diffs), and prints its rows after today's.
+diffs), and prints its rows after today's. `--breakdown` prints under each row without
+mp its host time by phase: the scheduler's, the runner's (the sampler's and the MTP
+slots' update within it), the commit of the tokens to deltas, and the rest of the core's
+step (its message and metrics).
 """
 from __future__ import annotations
 
@@ -249,6 +252,55 @@ def _shapes_only_on_meta() -> None:
                 if named["pool_ori"].device.type == "meta" else check(kernel, named))
 
 
+class _Phases:
+    """Host time by phase of the core's step (`--breakdown`): each phase's functions
+    timed less the device ops inside them, as the step is; "sampling" lies inside
+    "runner", and the core's step outside these (its message, the metrics) is the rest."""
+
+    def __init__(self):
+        from runtime.core.scheduler import Scheduler
+        from runtime.device.mtp_slot_state import MtpSlotState
+        from runtime.device.sampler import Sampler
+        self.ops: _DeviceOps | None = None          # the step's counter while timed
+        self.per_op = 0.0
+        self.seconds: dict[str, list[float]] = {}
+        for phase, functions in {
+                "schedule": [(Scheduler, "schedule")],
+                "runner": [(model_runner.ModelRunner, "execute")],
+                "sampling": [(Sampler, "sample"), (Sampler, "verify"),
+                             (MtpSlotState, "advance")],
+                "commit": [(Engine, "_commit")]}.items():
+            for owner, name in functions:
+                self._wrap(owner, name, phase)
+
+    def _wrap(self, owner, name: str, phase: str) -> None:
+        real, phases = getattr(owner, name), self
+
+        @functools.wraps(real)
+        def timed(*args, **kwargs):
+            ops = phases.ops
+            if ops is None:
+                return real(*args, **kwargs)
+            spent, count, t0 = ops.seconds, ops.count, time.perf_counter()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                phases.seconds[phase][-1] += time.perf_counter() - t0 - (
+                    ops.seconds - spent) - (ops.count - count) * phases.per_op
+        setattr(owner, name, timed)
+
+    def start(self, ops: _DeviceOps, per_op: float) -> None:
+        self.ops, self.per_op = ops, per_op
+        for phase in ("schedule", "runner", "sampling", "commit"):
+            self.seconds.setdefault(phase, []).append(0.0)
+
+    def stop(self) -> None:
+        self.ops = None
+
+
+PHASES: _Phases | None = None         # set by --breakdown
+
+
 class _Recorded(TorchDispatchMode):
     """The device ops of a step, as called."""
 
@@ -305,6 +357,7 @@ class _Run:
         self.engine, self.spec, self.k, self.context = engine, spec_name, k, context
         self.step = core_step(engine)
         self.wall, self.host, self.ops, self.uploads = [], [], [], []
+        self.phases: list[dict[str, float]] = []
         for _ in range(WARM_STEPS):
             self.step()
         with _Recorded() as recorded:
@@ -323,9 +376,14 @@ class _Run:
             self.wall.append(time.perf_counter() - t0)
         for _ in range(steps):
             with _DeviceOps() as counted:
+                if PHASES is not None:
+                    PHASES.start(counted, self.per_op)
                 t0 = time.perf_counter()
                 self.step()
                 timed = time.perf_counter() - t0
+            if PHASES is not None:
+                PHASES.stop()
+                self.phases.append({p: v[-1] for p, v in PHASES.seconds.items()})
             self.host.append(timed - counted.seconds - counted.count * self.per_op)
             self.ops.append(counted.count)
 
@@ -345,8 +403,12 @@ class _Run:
                       ops_per_step=int(median(self.ops)),
                       wall_ms_per_step=round(median(self.wall) * 1e3, 3),
                       h2d_bytes_per_step=int(median(self.uploads)))
-        return [dict(common, mp=False, host_ms_per_step=round(host, 3),
-                     plan_bytes_per_step=0),
+        uni = dict(common, mp=False, host_ms_per_step=round(host, 3), plan_bytes_per_step=0)
+        if self.phases:
+            by = {p: median(step[p] for step in self.phases) * 1e3 for p in self.phases[0]}
+            by["rest"] = host - by["schedule"] - by["runner"] - by["commit"]
+            uni["phases_ms"] = {p: round(v, 3) for p, v in by.items()}
+        return [uni,
                 dict(common, mp=True, host_ms_per_step=round(host + plan_ms, 3),
                      plan_bytes_per_step=int(median(self.planned.bytes)))]
 
@@ -377,9 +439,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--against", metavar="REV", default=None,
                         help="also measure the engine at git revision REV (its rows follow)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also the host time by phase (this checkout's engine)")
     parser.add_argument("--tree", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.breakdown and not args.tree:
+        global PHASES
+        PHASES = _Phases()
     if args.tree:
         _shapes_only_on_meta()
     if not args.json and not args.tree:
@@ -430,6 +497,11 @@ def _print(row: dict, as_json: bool) -> None:
           f"{row['ops_per_step']:>8} {row['wall_ms_per_step']:>12.3f} "
           f"{row['h2d_bytes_per_step']:>10} {row['plan_bytes_per_step']:>11} "
           f"{per_row:>6.0f}", flush=True)
+    if "phases_ms" in row:
+        by = row["phases_ms"]
+        print(f"{'':<8} host ms by phase: schedule {by['schedule']:.3f}, runner "
+              f"{by['runner']:.3f} (sampling {by['sampling']:.3f}), commit "
+              f"{by['commit']:.3f}, the rest of the core's step {by['rest']:.3f}", flush=True)
 
 
 if __name__ == "__main__":
