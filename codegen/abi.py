@@ -41,9 +41,9 @@ def _block_tables(plan: Plan, rows: int, rows_sym: str) -> list[Arg]:
 
 
 def _pool_arg(p: PoolPlan) -> Arg:
-    return Arg(f"pool_{p.name}", "pool", p.dtype,
-                   ("ranks", len(p.layers), "blocks", p.rows_per_page, p.row_width),
-                   "[ranks, layers, blocks + 1, rows, width]", p.doc)
+    return Arg(f"pool_{p.name}", "pool", p.storage_dtype,
+               ("ranks", len(p.layers), "blocks", p.rows_per_page, p.storage_width),
+               "[ranks, layers, blocks + 1, rows, width]", p.doc)
 
 
 def _model_args(plan: Plan, rows: int, rows_sym: str,

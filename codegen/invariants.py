@@ -144,8 +144,25 @@ def _pools(spec: Spec) -> Iterator[Problem]:
             yield (at + ("policy",), f"{role.name} is a {role.policy} group, not {group.policy}")
         if role.is_state and group.dtype != "float32":
             yield (at + ("dtype",), f"compressor state is kept in float32, not {group.dtype}")
+        yield from _format(m, role, group, at + ("format",))
         yield from _rows_per_page(role.name, role.ratio, role.span, group.rows_per_page,
                                   pools.block_size)
+
+
+def _format(m, role, group, at) -> Iterator[Problem]:
+    """The entry format fits the group's rows: fp8_ds quantizes the non-RoPE values in
+    blocks of 64; the indexer's FP8/FP4 keys are rotated (a power-of-two Hadamard) and
+    FP4 scales blocks of 32."""
+    if group.format not in role.formats:
+        yield (at, f"{role.name} rows may be stored as {' or '.join(role.formats)}, "
+                   f"not {group.format}")
+    elif group.format == "fp8_ds" and (group.row_width - m.qk_rope_head_dim) % 64:
+        yield (at, f"fp8_ds needs row_width - qk_rope_head_dim = "
+                   f"{group.row_width - m.qk_rope_head_dim} to be a multiple of 64")
+    elif group.format in ("fp8", "fp4") and (group.row_width & (group.row_width - 1)
+                                             or group.row_width < 32):
+        yield (at, f"{group.format} indexer keys are Hadamard-rotated: row_width must be a "
+                   f"power of two of at least 32, not {group.row_width}")
 
 
 def _rows_per_page(name: str, ratio: int, span: int | None, rows: int,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from codegen.pool_roles import ROLES, PoolRole, layer_kinds, role_layers
 from codegen.schema import LayoutEntry, Spec
 from contract.decode_layout import DecodeLayout
+from contract.entry_formats import entry_bytes
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -36,6 +37,17 @@ class PoolPlan:
     block_bytes: int
     formula: str
     ring_rule: str | None
+    format: str
+    rope_width: int
+    entry_bytes: int
+
+    @property
+    def storage_dtype(self) -> str:
+        return "uint8" if self.format != "compute" else self.dtype
+
+    @property
+    def storage_width(self) -> int:
+        return self.entry_bytes if self.format != "compute" else self.row_width
 
 
 
@@ -140,7 +152,9 @@ def _pool_plan(spec: Spec, role: PoolRole, kinds: list[str]) -> PoolPlan:
         table_width = math.ceil(spec.limits.max_model_len // role.ratio / group.rows_per_page)
     else:
         table_width = ring_pages
-    page_bytes = group.rows_per_page * group.row_width * DTYPE_BYTES[group.dtype]
+    rope = spec.model.qk_rope_head_dim if group.format == "fp8_ds" else 0
+    entry = entry_bytes(group.format, group.row_width, rope, DTYPE_BYTES[group.dtype])
+    page_bytes = group.rows_per_page * entry
     return PoolPlan(
         name=role.name,
         doc=role.doc,
@@ -157,6 +171,9 @@ def _pool_plan(spec: Spec, role: PoolRole, kinds: list[str]) -> PoolPlan:
         block_bytes=page_bytes * len(layers),
         formula=formula,
         ring_rule=ring_rule,
+        format=group.format,
+        rope_width=rope,
+        entry_bytes=entry,
     )
 
 

@@ -22,6 +22,9 @@ class PoolRole:
     ratio:     tokens per row: 1 for per-token rows, the compression ratio for entries
     span:      rows a compressor state must hold (ratio, twice that when overlapped)
     width:     row width from the model dims, and its formula for messages
+    formats:   the entry formats a row may be stored in (contract/entry_formats.py):
+               attention entries as they are or V4's fp8_ds, indexer keys as they are or
+               FP8 / FP4, compressor state as it is (float32)
     """
 
     name: str
@@ -32,21 +35,24 @@ class PoolRole:
     width: Callable[[ModelSection], int]
     width_expr: str
     doc: str
+    formats: tuple[str, ...] = ("compute",)
 
     @property
     def is_state(self) -> bool:
         return self.span is not None
 
 
+_ENTRIES = ("compute", "fp8_ds")
+
 ROLES: tuple[PoolRole, ...] = (
     PoolRole("ori", "all", "ring", 1, None, lambda m: m.head_dim, "head_dim",
-             "sliding-window KV of every layer, the MTP layer included"),
+             "sliding-window KV of every layer, the MTP layer included", _ENTRIES),
     PoolRole("cmp_c128", "hca", "full", 128, None, lambda m: m.head_dim, "head_dim",
-             "HCA compressed KV entries (ratio 128)"),
+             "HCA compressed KV entries (ratio 128)", _ENTRIES),
     PoolRole("cmp_c4", "csa", "full", 4, None, lambda m: m.head_dim, "head_dim",
-             "CSA compressed KV entries (ratio 4)"),
+             "CSA compressed KV entries (ratio 4)", _ENTRIES),
     PoolRole("idx", "csa", "full", 4, None, lambda m: m.index_head_dim, "index_head_dim",
-             "lightning-indexer compressed keys (ratio 4)"),
+             "lightning-indexer compressed keys (ratio 4)", ("compute", "fp8", "fp4")),
     PoolRole("hca_state", "hca", "ring", 1, 128, lambda m: 2 * m.head_dim, "2*head_dim",
              "C128 compressor state: pending kv and gate-score rows"),
     PoolRole("csa_state", "csa", "ring", 1, 8, lambda m: 4 * m.head_dim, "4*head_dim",

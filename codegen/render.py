@@ -146,7 +146,8 @@ def _group_call(pool: PoolPlan) -> str:
     doc = pool.doc + (f"; {pool.ring_rule}" if pool.ring_rule else "")
     fields = [f"{name}={_py(getattr(pool, name))}" for name in
               ("rows_per_page", "row_width", "dtype", "policy", "tokens_per_row",
-               "ring_pages", "table_width", "page_bytes", "block_bytes", "formula")]
+               "ring_pages", "table_width", "page_bytes", "block_bytes", "formula",
+               "format", "rope_width", "entry_bytes")]
     return _packed_call(f"{_py(pool.name)}: PoolGroup",
                         [_py(pool.name), _Ints("layers", pool.layers), *fields,
                          _Text("doc", doc)], 4)

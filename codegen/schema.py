@@ -130,6 +130,7 @@ class PoolGroup(_Strict):
     row_width: PositiveInt
     dtype: DType
     policy: Literal["ring", "full"]
+    format: Literal["compute", "fp8_ds", "fp8", "fp4"] = "compute"   # entry format
 
 
 class PoolGroups(_Strict):

@@ -62,7 +62,9 @@ class Arg:
 @dataclass(frozen=True)
 class PoolGroup:
     """One pool group of a spec: a tensor [ranks, layers, blocks + 1, rows_per_page,
-    row_width] whose last block is the scratch page.
+    storage_width] of storage_dtype whose last block is the scratch page. A row holds
+    row_width values of `dtype` in entry format `format` (contract/entry_formats.py):
+    as they are ("compute"), or packed into entry_bytes bytes (uint8).
 
     Scheduler block b of the group owns page b in every layer of `layers`. A ring group
     holds at most `ring_pages` blocks per request, reused modulo the ring; a full group
@@ -81,7 +83,23 @@ class PoolGroup:
     page_bytes: int                    # one layer's page
     block_bytes: int                   # one scheduler block: a page in every layer
     formula: str                       # blocks_for, as the spec's docs write it
+    format: str                        # the entry format of a row
+    rope_width: int                    # the RoPE part of a row (its last values)
+    entry_bytes: int                   # one stored row
     doc: str = ""
+
+    @property
+    def packed(self) -> bool:
+        return self.format != "compute"
+
+    @property
+    def storage_dtype(self) -> str:
+        return "uint8" if self.packed else self.dtype
+
+    @property
+    def storage_width(self) -> int:
+        """A stored row's last dimension: bytes when packed, else values."""
+        return self.entry_bytes if self.packed else self.row_width
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks a request of `num_tokens` positions holds in this group."""

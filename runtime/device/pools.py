@@ -1,7 +1,8 @@
 """The device tensors of a spec's cache pools and MTP state, allocated from its tables.
 
-Pool group g is one tensor [ranks, layers, blocks + 1, rows_per_page, row_width] (the
-geometry generated/<spec>/pools.py declares); block `blocks` (the last) of every group
+Pool group g is one tensor [ranks, layers, blocks + 1, rows_per_page, storage_width] of
+its storage dtype (the geometry and entry format generated/<spec>/pools.py declares: a
+packed group's rows are bytes); block `blocks` (the last) of every group
 is the scratch page: -1 block-table entries and padded rows read and write there, so no
 launch needs a branch. The scheduler never hands it out; what it holds is never read as
 anyone's data.
@@ -36,7 +37,8 @@ def allocate_pools(spec: ModuleType, blocks: Mapping[str, int],
     ranks = spec.contract.RANKS if ranks is None else ranks
     return _pools_type(tuple(groups))(**{
         g: torch.zeros((ranks, len(grp.layers), blocks[g] + 1, grp.rows_per_page,
-                        grp.row_width), dtype=torch_dtype(grp.dtype), device=device)
+                        grp.storage_width), dtype=torch_dtype(grp.storage_dtype),
+                       device=device)
         for g, grp in groups.items()})
 
 

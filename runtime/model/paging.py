@@ -1,7 +1,9 @@
 """Addressing the grouped pools through scheduler-owned block tables.
 
-Per rank, group g is a tensor [layers, blocks, rows_per_page, row_width]. A request's
-block table for g lists its block ids. Row index i of the request lives at:
+Per rank, group g is a tensor [layers, blocks, rows_per_page, stored width]: rows of
+row_width values in the group's entry format, quantized on write and dequantized on read
+(runtime/model/entry_format.py). A request's block table for g lists its block ids. Row
+index i of the request lives at:
 
     ring group:  page (i // rows_per_page) % ring_pages, row i % rows_per_page
     full group:  page i // rows_per_page,                row i % rows_per_page
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from contract.abi import PoolGroup
+from runtime.model.entry_format import entry_format
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,8 @@ class PoolView:
         """Rows [len(index), row_width] of `layer` for the request of `seg`."""
         block, row = self._address(group, seg, index)
         layer_index = self.groups[group].layer_index(layer)
-        return self.pools[group][seg.rank][layer_index, block, row]
+        fmt = entry_format(self.groups[group])
+        return fmt.decode(self.pools[group][seg.rank][layer_index, block, row]).to(fmt.dtype)
 
     def write(self, group: str, seg: Segment, layer: int, index: torch.Tensor,
               rows: torch.Tensor) -> None:
@@ -74,7 +78,7 @@ class PoolView:
         block, row = self._address(group, seg, index)
         layer_index = self.groups[group].layer_index(layer)
         pool = self.pools[group][seg.rank]
-        pool[layer_index, block, row] = rows.to(pool.dtype)
+        pool[layer_index, block, row] = entry_format(self.groups[group]).encode(rows)
 
 
 def arange(start: int, stop: int, device: torch.device) -> torch.Tensor:

@@ -197,3 +197,14 @@ def test_a_bucket_splits_its_csa_entries_into_the_indexer_tiles():
     assert (("decode", "context_buckets", 0),
             "1040 holds 260 CSA entries, which the decode indexer scores in 8 equal tiles: "
             "it must be a multiple of 32") in list(check_invariants(spec))
+
+
+def test_entry_formats_fit_their_group(tmp_path, tiny_text):
+    state = "row_width: 256, dtype: float32, policy: ring}\n    csa_state"
+    _check(tmp_path, tiny_text, state, state.replace("ring}", "ring, format: fp8}"),
+           "    hca_state:", "pools.groups.hca_state.format",
+           "hca_state rows may be stored as compute, not fp8")
+    keys = "row_width: 64, dtype: float32, policy: full}"
+    _check(tmp_path, tiny_text, keys, keys.replace("full}", "full, format: fp8_ds}"),
+           "    idx:", "pools.groups.idx.format",
+           "idx rows may be stored as compute or fp8 or fp4, not fp8_ds")

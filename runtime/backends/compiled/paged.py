@@ -1,7 +1,9 @@
-"""One pool group seen through a call's block tables: gathers and masked writes.
+"""One pool group seen through a call's block tables: gathers and masked writes, in
+the group's entry format (a packed row is quantized on write, dequantized on read:
+runtime/model/entry_format.py).
 
-The group is one tensor [ranks, layers, blocks + 1, rows_per_page, width]; index i of a
-request (a token position, or an entry index) lives at
+The group is one tensor [ranks, layers, blocks + 1, rows_per_page, stored width]; index
+i of a request (a token position, or an entry index) lives at
 
     ring group:  page (i // rows_per_page) % ring_pages of its table, row i % rows_per_page
     full group:  page  i // rows_per_page,                           row i % rows_per_page
@@ -16,6 +18,7 @@ import torch
 
 from contract.abi import PoolGroup
 from runtime.backends.compiled.rows import Rows
+from runtime.model.entry_format import entry_format
 
 
 class Paged:
@@ -24,7 +27,9 @@ class Paged:
 
     def __init__(self, pool: torch.Tensor, group: PoolGroup, layer: torch.Tensor | int):
         self.pool, self.group, self.layer = pool, group, layer
-        _, self.layers, self.blocks, self.rows, self.width = pool.shape
+        _, self.layers, self.blocks, self.rows, self.stored = pool.shape
+        self.width = group.row_width                   # values a row holds
+        self.format = entry_format(group)
         self.scratch = self.blocks - 1
 
     @property
@@ -49,7 +54,7 @@ class Paged:
     def read(self, rows: Rows, index: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
         """Rows [N, M, width] at indices [N, M]; zeros where not real."""
         where, real = self.address(rows, index, ok)
-        values = read_rows(self.pool, where.reshape(-1)).view(*where.shape, self.width)
+        values = self._decode(read_rows(self.pool, where.reshape(-1)), where.shape)
         if torch.compiler.is_compiling():        # a compiled graph fuses this into its reader
             return torch.where(real[..., None], values, 0)
         return values.masked_fill_(~real[..., None], 0)      # eager: no second copy
@@ -59,7 +64,7 @@ class Paged:
         """Store values [N, M, width] at indices [N, M] where ok; masked pairs land on
         the scratch page. Valid pairs must address distinct rows."""
         where = self.address(rows, index, ok)[0].reshape(-1)
-        write_rows(self.pool, where, values.reshape(-1, self.width).to(self.pool.dtype))
+        write_rows(self.pool, where, self.format.encode(values.reshape(-1, self.width)))
 
     def read_then_write(self, rows: Rows, index: torch.Tensor, ok: torch.Tensor,
                         new_index: torch.Tensor, new_ok: torch.Tensor,
@@ -69,8 +74,12 @@ class Paged:
         where, real = self.address(rows, index, ok)
         new_where = self.address(rows, new_index, new_ok)[0].reshape(-1)
         old = read_then_write_rows(self.pool, where.reshape(-1), new_where,
-                                   values.reshape(-1, self.width).to(self.pool.dtype))
-        return torch.where(real[..., None], old.view(*where.shape, self.width), 0)
+                                   self.format.encode(values.reshape(-1, self.width)))
+        return torch.where(real[..., None], self._decode(old, where.shape), 0)
+
+    def _decode(self, stored: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        """Stored rows [M, stored] -> values [*shape, width] in the group's dtype."""
+        return self.format.decode(stored).to(self.format.dtype).view(*shape, self.width)
 
 
 # Pool rows are read and written through opaque ops. Expressed with aten ops on a view
