@@ -16,6 +16,7 @@ import torch
 
 from contract.model_args import ModelArgs
 from runtime.model import compressor, indexer
+from runtime.model.entry_format import entry_format, index_queries
 from runtime.model.norms import rms_norm, rms_scale
 from runtime.model.paging import PoolView, Segment, arange
 from runtime.model.params import LayerParams
@@ -101,7 +102,7 @@ def _window(view: PoolView, layer: int, seg: Segment, kv: torch.Tensor,
     positions = arange(first, seg.end, kv.device)
     prior = view.read("ori", seg, layer, positions[: seg.start - first]).to(kv.dtype)
     write_window(view, layer, seg, kv)
-    return torch.cat((prior, kv)), positions
+    return torch.cat((prior, entry_format(view.groups["ori"]).as_stored(kv))), positions
 
 
 def _compress(p: LayerParams, args: ModelArgs, layer: int, seg: Segment, view: PoolView,
@@ -136,8 +137,8 @@ def _keys(args: ModelArgs, layer: int, seg: Segment, view: PoolView, side: dict,
             < ((qpos + 1) // ratio)[:, None]
         return Keys(window, window_ok, entries, visible)
     index_keys = view.read("idx", seg, layer, arange(0, entries.shape[0], qpos.device))
-    chosen, valid = indexer.select(side["q"][t], side["w"][t], index_keys, qpos, ratio,
-                                   args.index_topk)
+    q = index_queries(entry_format(view.groups["idx"]), side["q"][t])
+    chosen, valid = indexer.select(q, side["w"][t], index_keys, qpos, ratio, args.index_topk)
     return Keys(window, window_ok, entries[chosen], valid)
 
 

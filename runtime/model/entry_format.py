@@ -38,12 +38,14 @@ _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 @dataclass(frozen=True)
 class EntryFormat:
     """Rows of `width` values (the last `rope` of them the RoPE part) in format `name`;
-    `dtype`: the compute dtype (a compute-format row's storage)."""
+    `dtype`: the compute dtype (a compute-format row's storage). `rotated`: rows are
+    stored (and read) in the Hadamard basis, as the indexer's quantized keys are."""
 
     name: str
     width: int
     rope: int
     dtype: torch.dtype
+    rotated: bool = False
 
     @property
     def packed(self) -> bool:
@@ -66,7 +68,7 @@ class EntryFormat:
         """values [..., width] -> stored rows [..., row] (the pool's dtype)."""
         if self.name == "compute":
             return values.to(self.dtype)
-        values = values.float()
+        values = hadamard(values.float()) if self.rotated else values.float()
         if self.name == "fp8_ds":
             nope = self.width - self.rope
             codes, scales = _fp8_blocks(values[..., :nope])
@@ -85,8 +87,8 @@ class EntryFormat:
         return torch.cat(parts, -1)
 
     def decode(self, stored: torch.Tensor) -> torch.Tensor:
-        """stored rows [..., row] -> values [..., width] (float32; a compute-format row
-        as it is stored)."""
+        """stored rows [..., row] -> values [..., width] (float32, in the Hadamard basis
+        when rotated; a compute-format row as it is stored)."""
         if self.name == "compute":
             return stored
         lead = stored.shape[:-1]
@@ -108,6 +110,15 @@ class EntryFormat:
         blocks = e2m1_values(codes).view(*lead, -1, FP4_BLOCK) * scales[..., None]
         return blocks.view(*lead, self.width)
 
+    def as_stored(self, values: torch.Tensor) -> torch.Tensor:
+        """values [..., width] as a read gives them back once written, in their own
+        dtype: what a kernel attends to for the rows it has just written, so that a
+        result does not depend on which call wrote a row (a compute-format row: as it
+        is, as before formats existed)."""
+        if not self.packed:
+            return values
+        return self.decode(self.encode(values)).to(values.dtype)
+
     def round_trip(self, values: torch.Tensor) -> torch.Tensor:
         """values as a read after a write gives them back (float32)."""
         return self.decode(self.encode(values)).float()
@@ -117,7 +128,18 @@ class EntryFormat:
 def entry_format(group: PoolGroup) -> EntryFormat:
     """The format of a spec's pool group (its values in the group's dtype)."""
     return EntryFormat(group.format, group.row_width, group.rope_width,
-                       getattr(torch, group.dtype))
+                       getattr(torch, group.dtype), rotated=group.format in ("fp8", "fp4"))
+
+
+def index_queries(keys: EntryFormat, q: torch.Tensor) -> torch.Tensor:
+    """The indexer's queries [..., dim] in the basis and precision of its keys (format
+    `keys`): rotated and through the keys' quantization when they are (the release
+    rotates its indexer's queries and keys and simulates FP4 on both; the rotation
+    alone would cancel in the scores); as they are otherwise."""
+    if not keys.rotated:
+        return q
+    plain = EntryFormat(keys.name, keys.width, 0, keys.dtype)
+    return plain.round_trip(hadamard(q.float()))
 
 
 def _exp2(scales: torch.Tensor) -> torch.Tensor:

@@ -2,8 +2,12 @@
 runs one request through the pools in chunks, then token by token."""
 from __future__ import annotations
 
+import importlib
 import json
+import re
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import torch
@@ -18,6 +22,7 @@ from runtime.model.params import ModelParams
 from runtime.weights.loader import load_params
 
 REF = generated.load("reference")
+ROOT = Path(__file__).resolve().parent.parent.parent
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "v4-tiny"
 SPEC_KEYS = tuple(REF.architecture.CONFIG)
 
@@ -75,6 +80,26 @@ def randomize(model: torch.nn.Module, config: dict, seed: int) -> None:
             buf.copy_(perms)
         elif name.endswith("e_score_correction_bias"):
             buf.copy_(normal(buf.shape, 0.1))
+
+
+def spec_with_formats(base: str, formats: dict[str, str], out: Path) -> ModuleType:
+    """The generated package of specs/<base>.yaml with pool groups stored in other entry
+    formats (`formats`: group -> format), generated into `out` by codegen and imported."""
+    from codegen.pipeline import generate
+    text = (ROOT / "specs" / f"{base}.yaml").read_text()
+    for group, fmt in formats.items():
+        text, found = re.subn(rf"^(\s+{group}:\s*{{[^}}]*)}}", rf"\1, format: {fmt}}}", text,
+                              count=1, flags=re.M)
+        assert found, group
+    name = "-".join([base, *(f"{g}_{f}" for g, f in sorted(formats.items()))])
+    (out / f"{name}.yaml").write_text(text)
+    generate([out / f"{name}.yaml"], out / "packages", root=out)
+    if str(out / "packages") not in sys.path:
+        sys.path.insert(0, str(out / "packages"))
+    return importlib.import_module(name.replace("-", "_"))
+
+
+SERVED = {"ori": "fp8_ds", "cmp_c128": "fp8_ds", "cmp_c4": "fp8_ds", "idx": "fp4"}
 
 
 def reference_params() -> ModelParams:

@@ -15,9 +15,9 @@ from tests.model.support import FIXTURE, REF, Driver
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 
-def make_engine(params, outputs: bool = True, **overrides) -> Engine:
+def make_engine(params, outputs: bool = True, spec=REF, **overrides) -> Engine:
     config = EngineConfig(spec="reference", model=FIXTURE, **overrides)
-    return Engine(config, REF, params, Tokenizer(FIXTURE), outputs=outputs)
+    return Engine(config, spec, params, Tokenizer(FIXTURE), outputs=outputs)
 
 
 def random_prompt(length: int, seed: int) -> list[int]:
@@ -25,9 +25,10 @@ def random_prompt(length: int, seed: int) -> list[int]:
     return torch.randint(2, 512, (length,), generator=gen).tolist()
 
 
-def greedy_without_scheduler(params, prompt: list[int], max_tokens: int) -> list[int]:
+def greedy_without_scheduler(params, prompt: list[int], max_tokens: int,
+                             spec=REF) -> list[int]:
     """The whole prompt in one pass, then one token per pass: no scheduler, no kernels."""
-    driver = Driver(params)
+    driver = Driver(params, spec=spec)
     out, _ = driver.prefill(prompt, 8192)
     tokens = [int(out[-1].argmax())]
     while len(tokens) < max_tokens:

@@ -26,6 +26,7 @@ from runtime.backends.compiled.compressor import compress
 from runtime.backends.compiled.paged import Paged
 from runtime.backends.compiled.rows import Rows
 from runtime.model.attention import output_projection
+from runtime.model.entry_format import EntryFormat, index_queries
 from runtime.model.norms import rms_norm, rms_scale
 from runtime.model.quant import linear
 from runtime.model.rope import apply_rope
@@ -79,7 +80,7 @@ def _window(ori: Paged, rows: Rows, kv: torch.Tensor,
     before = rows.start[:, None] - (window - 1) + torch.arange(window - 1, device=kv.device)
     prior = ori.read_then_write(rows, before, before >= 0, rows.pos,
                                 rows.last(ori.capacity), kv).to(kv.dtype)
-    keys = torch.cat((prior, kv), dim=1)
+    keys = torch.cat((prior, ori.format.as_stored(kv)), dim=1)
     key_pos = torch.cat((before, rows.pos), dim=1)                          # [N, window-1+S]
     query = rows.pos[:, :, None]
     seen = (key_pos[:, None, :] <= query) & (key_pos[:, None, :] > query - window) \
@@ -115,7 +116,8 @@ def _entries(p: Weights, args: ModelArgs, kind: str, xp: tuple[torch.Tensor, ...
     def index_keys(part: torch.Tensor) -> torch.Tensor:
         return read("idx", part).float()
 
-    chosen, ok = _select(args, xp[4], qrp[0], rows, index_keys, inv_freq, entries, visible)
+    chosen, ok = _select(args, xp[4], qrp[0], rows, index_keys, inv_freq, entries, visible,
+                         pools["idx"].format)
     n, s = rows.shape
     picked = pools["cmp_c4"].read(rows, chosen.view(n, -1), ok.view(n, -1))
     return picked.view(n, s, chosen.shape[-1], -1), ok
@@ -129,15 +131,17 @@ def _compressor_rows(p: Weights, prefix: str, kv: torch.Tensor, gate: torch.Tens
 
 def _select(args: ModelArgs, weights: torch.Tensor, iq: torch.Tensor, rows: Rows,
             keys: Callable[[torch.Tensor], torch.Tensor], inv_freq: torch.Tensor,
-            entries: torch.Tensor, visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            entries: torch.Tensor, visible: torch.Tensor, key_format: EntryFormat
+            ) -> tuple[torch.Tensor, torch.Tensor]:
     """The lightning indexer over the keys of `entries` (keys(part): those of a part, [N,
-    len, dim] float32), from its query projection iq and head weights projection: each
-    query's top index_topk entries [N, S, k] and which of them are visible.
-    score(t, j) = sum_h relu(q_th . k_j) * dim^-0.5 * w_th."""
+    len, dim] float32, stored in `key_format`), from its query projection iq and head
+    weights projection: each query's top index_topk entries [N, S, k] and which of them
+    are visible. score(t, j) = sum_h relu(q_th . k_j) * dim^-0.5 * w_th."""
     n, s = rows.shape
     heads, dim = args.index_heads, args.index_head_dim
     iq = iq.reshape(n * s, heads, dim)
-    iq = apply_rope(iq, rows.pos.reshape(-1), inv_freq).view(n, s, heads, dim).float()
+    iq = apply_rope(iq, rows.pos.reshape(-1), inv_freq).view(n, s, heads, dim)
+    iq = index_queries(key_format, iq).float()
     w = weights.float() * heads ** -0.5
     w = w.view(n, s, heads) * dim ** -0.5
     if s <= MANY_QUERIES:       # decode rows: every head at once, a tile of entries at a time
