@@ -9,10 +9,10 @@ scheduler. Ring groups address position p at page (p // rows_per_page) % ring_pa
 the request's ring; full groups keep every compressed entry.
 
   group            layers  rows/page  row width  dtype     format   bytes  policy  blocks per request
-  ori                  44        128        512  bfloat16  compute   1024  ring    min(3, ceil(len / 128))
-  cmp_c128             20          1        512  bfloat16  compute   1024  full    ceil((len // 128) / 1)
-  cmp_c4               21         32        512  bfloat16  compute   1024  full    ceil((len // 4) / 32)
-  idx                  21         32        128  bfloat16  compute    256  full    ceil((len // 4) / 32)
+  ori                  44        128        512  bfloat16  fp8_ds     584  ring    min(3, ceil(len / 128))
+  cmp_c128             20          1        512  bfloat16  fp8_ds     584  full    ceil((len // 128) / 1)
+  cmp_c4               21         32        512  bfloat16  fp8_ds     584  full    ceil((len // 4) / 32)
+  idx                  21         32        128  bfloat16  fp4         68  full    ceil((len // 4) / 32)
   hca_state            20          8       1024  float32   compute   4096  ring    min(16, ceil(len / 8))
   csa_state            21          4       2048  float32   compute   8192  ring    min(2, ceil(len / 4))
   csa_inner_state      21          4        512  float32   compute   2048  ring    min(2, ceil(len / 4))
@@ -27,24 +27,24 @@ GROUPS: dict[str, PoolGroup] = {
     "ori": PoolGroup("ori", layers=(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17,
         18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40,
         41, 42, 43), rows_per_page=128, row_width=512, dtype="bfloat16", policy="ring",
-        tokens_per_row=1, ring_pages=3, table_width=3, page_bytes=131072, block_bytes=5767168,
-        formula="min(3, ceil(len / 128))", format="compute", rope_width=0, entry_bytes=1024,
+        tokens_per_row=1, ring_pages=3, table_width=3, page_bytes=74752, block_bytes=3289088,
+        formula="min(3, ceil(len / 128))", format="fp8_ds", rope_width=64, entry_bytes=584,
         doc="sliding-window KV of every layer, the MTP layer included; ring = ceil((window - 1 "
         "+ in_flight) / block_size) + 1 with window 128, in_flight 2 (the widest decode row)"),
     "cmp_c128": PoolGroup("cmp_c128", layers=(3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29,
         31, 33, 35, 37, 39, 41), rows_per_page=1, row_width=512, dtype="bfloat16", policy="full",
-        tokens_per_row=128, ring_pages=None, table_width=8192, page_bytes=1024, block_bytes=20480,
-        formula="ceil((len // 128) / 1)", format="compute", rope_width=0, entry_bytes=1024,
+        tokens_per_row=128, ring_pages=None, table_width=8192, page_bytes=584, block_bytes=11680,
+        formula="ceil((len // 128) / 1)", format="fp8_ds", rope_width=64, entry_bytes=584,
         doc="HCA compressed KV entries (ratio 128)"),
     "cmp_c4": PoolGroup("cmp_c4", layers=(2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30,
         32, 34, 36, 38, 40, 42), rows_per_page=32, row_width=512, dtype="bfloat16", policy="full",
-        tokens_per_row=4, ring_pages=None, table_width=8192, page_bytes=32768, block_bytes=688128,
-        formula="ceil((len // 4) / 32)", format="compute", rope_width=0, entry_bytes=1024,
+        tokens_per_row=4, ring_pages=None, table_width=8192, page_bytes=18688, block_bytes=392448,
+        formula="ceil((len // 4) / 32)", format="fp8_ds", rope_width=64, entry_bytes=584,
         doc="CSA compressed KV entries (ratio 4)"),
     "idx": PoolGroup("idx", layers=(2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34,
         36, 38, 40, 42), rows_per_page=32, row_width=128, dtype="bfloat16", policy="full",
-        tokens_per_row=4, ring_pages=None, table_width=8192, page_bytes=8192, block_bytes=172032,
-        formula="ceil((len // 4) / 32)", format="compute", rope_width=0, entry_bytes=256,
+        tokens_per_row=4, ring_pages=None, table_width=8192, page_bytes=2176, block_bytes=45696,
+        formula="ceil((len // 4) / 32)", format="fp4", rope_width=0, entry_bytes=68,
         doc="lightning-indexer compressed keys (ratio 4)"),
     "hca_state": PoolGroup("hca_state", layers=(3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29,
         31, 33, 35, 37, 39, 41), rows_per_page=8, row_width=1024, dtype="float32", policy="ring",

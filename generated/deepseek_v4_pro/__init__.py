@@ -13,6 +13,6 @@ from . import architecture, contract, kernels, pools
 SPEC_NAME = "deepseek-v4-pro"
 SPEC_PATH = "specs/deepseek-v4-pro.yaml"
 # sha256 of the spec's text: the command refuses a spec edited since (server/cli/spec_check.py)
-SPEC_SHA256 = "50606830e4baecf1350b69b0f5a8bc5cc5816c862637a52996f930f0325de91c"
+SPEC_SHA256 = "aff6330e496a0b1e7b56bdab163c669b6fe276cdce785933fea5684ac8cef248"
 
 __all__ = ["SPEC_NAME", "SPEC_PATH", "SPEC_SHA256", "architecture", "contract", "kernels", "pools"]

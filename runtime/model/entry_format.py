@@ -87,28 +87,34 @@ class EntryFormat:
         return torch.cat(parts, -1)
 
     def decode(self, stored: torch.Tensor) -> torch.Tensor:
-        """stored rows [..., row] -> values [..., width] (float32, in the Hadamard basis
-        when rotated; a compute-format row as it is stored)."""
+        """stored rows [..., row] -> values [..., width] in the compute dtype (in the
+        Hadamard basis when rotated). An e4m3 or e2m1 code times a power-of-two scale is
+        exact in bfloat16 and float32, so fp8_ds and fp4 rows are made in the compute
+        dtype itself, without float32 temporaries (a read of many entries is a launch's
+        largest buffer); an fp8 row's float32 scale multiplies in float32."""
         if self.name == "compute":
             return stored
         lead = stored.shape[:-1]
-        if self.name == "fp8_ds":
+        work = self.dtype if self.dtype in (torch.bfloat16, torch.float32) else torch.float32
+        out = torch.empty(*lead, self.width, dtype=work, device=stored.device)
+        if self.name == "fp8_ds":       # codes converted as copied into place, then scaled
             nope = self.width - self.rope
-            blocks = nope // FP8_BLOCK
-            rope = stored[..., nope: nope + 2 * self.rope].contiguous().view(torch.bfloat16)
-            scales = stored[..., nope + 2 * self.rope: nope + 2 * self.rope + blocks]
-            values = _fp8_values(stored[..., :nope], scales, FP8_BLOCK)
-            return torch.cat([values, rope.float()], -1)
+            at = nope + 2 * self.rope
+            out[..., :nope] = stored[..., :nope].view(torch.float8_e4m3fn)
+            scales = _exp2(stored[..., at: at + nope // FP8_BLOCK]).to(work)
+            out[..., :nope].view(*lead, nope // FP8_BLOCK, FP8_BLOCK).mul_(scales[..., None])
+            out[..., nope:] = stored[..., nope:at].contiguous().view(torch.bfloat16)
+            return out.to(self.dtype)
         if self.name == "fp8":
             scale = stored[..., self.width: self.width + 4].contiguous().view(torch.float32)
-            codes = stored[..., : self.width].contiguous().view(torch.float8_e4m3fn)
-            return codes.float() * scale
-        half = self.width // 2
-        packed = stored[..., :half]
-        codes = torch.stack((packed & 15, packed >> 4), -1).view(*lead, self.width)
-        scales = _exp2(stored[..., half: half + self.width // FP4_BLOCK])
-        blocks = e2m1_values(codes).view(*lead, -1, FP4_BLOCK) * scales[..., None]
-        return blocks.view(*lead, self.width)
+            codes = stored[..., : self.width].view(torch.float8_e4m3fn)
+            return (codes.float() * scale).to(self.dtype)
+        half = self.width // 2          # each byte looked up as its two values, then scaled
+        pairs = stored[..., :half].reshape(-1).int()
+        torch.index_select(_e2m1_pairs(work, stored.device), 0, pairs, out=out.view(-1, 2))
+        scales = _exp2(stored[..., half: half + self.width // FP4_BLOCK]).to(work)
+        out.view(*lead, self.width // FP4_BLOCK, FP4_BLOCK).mul_(scales[..., None])
+        return out.to(self.dtype)
 
     def as_stored(self, values: torch.Tensor) -> torch.Tensor:
         """values [..., width] as a read gives them back once written, in their own
@@ -142,6 +148,12 @@ def index_queries(keys: EntryFormat, q: torch.Tensor) -> torch.Tensor:
     return plain.round_trip(hadamard(q.float()))
 
 
+def _e2m1_pairs(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[256, 2]: the two e2m1 values of each byte (low nibble first)."""
+    byte = torch.arange(256, device=device)
+    return torch.stack((e2m1_values(byte & 15), e2m1_values(byte >> 4)), -1).to(dtype)
+
+
 def _exp2(scales: torch.Tensor) -> torch.Tensor:
     """e8m0 bytes -> float32 powers of two."""
     return torch.exp2(scales.float() - 127.0)
@@ -161,12 +173,6 @@ def _fp8_blocks(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scaled = (blocks / torch.exp2(exponent)[..., None]).clamp(-FP8_MAX, FP8_MAX)
     codes = scaled.to(torch.float8_e4m3fn).view(torch.uint8).view(*lead, n)
     return codes, (exponent + 127).to(torch.uint8)
-
-
-def _fp8_values(codes: torch.Tensor, scales: torch.Tensor, block: int) -> torch.Tensor:
-    lead, n = codes.shape[:-1], codes.shape[-1]
-    values = codes.contiguous().view(torch.float8_e4m3fn).float().view(*lead, n // block, block)
-    return (values * _exp2(scales)[..., None]).view(*lead, n)
 
 
 def _fp4_blocks(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -38,14 +38,28 @@ def report(admission: Admission) -> dict[str, Any]:
         "spec_ranks": spec.contract.RANKS,
         **_weights(spec, ranks, weights),
         **(_device(memory) if memory else {"device_memory": None}),
-        "pools": {g: {"blocks": n, "bytes": n * groups[g].block_bytes}
+        "pools": {g: {"blocks": n, "bytes": n * groups[g].block_bytes, **entries(groups[g])}
                   for g, n in sorted(cap.blocks.items())},
+        "full_group_bytes_per_million_tokens": sum(
+            entries(g).get("bytes_per_million_tokens", 0) for g in groups.values()),
         "pool_bytes_per_rank": cap.bytes, "tokens_per_rank": cap.tokens,
         "tokens_per_replica": cap.tokens * ranks, "max_model_len": limits.max_model_len,
         "max_num_seqs": limits.max_num_seqs,
         "max_running_per_rank": limits.max_running_per_rank,
         "max_concurrency": admission.concurrency(), "max_concurrency_per_rank": per_rank,
     }
+
+
+def entries(group: Any) -> dict[str, Any]:
+    """A group's entry format and what it costs: a full group per token of context (its
+    layers' entries over the tokens an entry covers) and per 1M tokens; a ring group per
+    request (its ring in every layer)."""
+    out = {"format": group.format, "entry_bytes": group.entry_bytes}
+    if group.ring_pages is None:
+        per_token = len(group.layers) * group.entry_bytes / group.tokens_per_row
+        return {**out, "bytes_per_token": per_token,
+                "bytes_per_million_tokens": round(per_token * 2**20)}
+    return {**out, "bytes_per_request": group.ring_pages * group.block_bytes}
 
 
 def _weights(spec: Any, ranks: int, weights: Any) -> dict[str, Any]:
@@ -109,7 +123,14 @@ def render(r: dict[str, Any]) -> str:
         return "\n".join(lines)
     lines.append(f"cache pools     {_gib(r['pool_bytes_per_rank'])} per rank:")
     for group, pool in r["pools"].items():
-        lines.append(f"  {group:<16} {pool['blocks']:>10,} blocks  {_gib(pool['bytes'])}")
+        cost = (f"{pool['bytes_per_token']:>8,.1f} B/token  "
+                f"{_gib(pool['bytes_per_million_tokens'])} per 1M tokens"
+                if "bytes_per_token" in pool else
+                f"ring, {pool['bytes_per_request'] / 2**20:,.2f} MiB per request")
+        lines.append(f"  {group:<16} {pool['blocks']:>10,} blocks  {_gib(pool['bytes']):>10}  "
+                     f"{pool['format']:<7} {pool['entry_bytes']:>5} B/entry  {cost}")
+    lines.append(f"full groups     {_gib(r['full_group_bytes_per_million_tokens'])} per 1M "
+                 "tokens of context")
     lines.append(f"cache capacity  {r['tokens_per_rank']:,} tokens per rank, "
                  f"{r['tokens_per_replica']:,} per replica")
     lines.append(f"concurrency     {r['max_concurrency']} requests of {r['max_model_len']:,} "

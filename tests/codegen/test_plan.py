@@ -46,9 +46,15 @@ def test_flash_reference_layout(plans):
         "csa_state": (4, 2048, "float32", "ring"),
         "csa_inner_state": (4, 512, "float32", "ring"),
     }
+    formats = {p.name: (p.format, p.entry_bytes) for p in flash.pools}
+    assert formats == {"ori": ("fp8_ds", 584), "cmp_c128": ("fp8_ds", 584),
+                       "cmp_c4": ("fp8_ds", 584), "idx": ("fp4", 68),
+                       "hca_state": ("compute", 4096), "csa_state": ("compute", 8192),
+                       "csa_inner_state": ("compute", 2048)}
     ori = _pool(flash, "ori")
     assert ori.ring_pages == 3  # ceil((128 - 1 + 2) / 128) + 1
-    assert ori.page_bytes == 128 * 512 * 2 and ori.block_bytes == 44 * ori.page_bytes
+    # 448 e4m3 values, 64 bfloat16 RoPE values, 7 scales, a byte of padding
+    assert ori.page_bytes == 128 * 584 and ori.block_bytes == 44 * ori.page_bytes
     assert _pool(flash, "cmp_c4").table_width == 1048576 // 4 // 32
 
 

@@ -101,6 +101,24 @@ def test_v4_flash_on_eight_141_gib_devices_equals_the_engines_own_plan():
     assert f"{admission.concurrency()} requests of 1,048,576 tokens" in text
 
 
+@pytest.mark.parametrize("spec, ceiling", [("deepseek-v4-flash", 3.43), ("deepseek-v4-pro", 4.92)])
+def test_the_served_entry_formats_cost_what_v4_is_served_with(spec, ceiling):
+    """fp8_ds main entries (584 bytes for a 512-wide head) and FP4 indexer keys (68): the
+    full groups' bytes per 1M tokens of context at most the served formats' figure."""
+    status, got = _plan("--spec", spec, "--device-memory", "200GiB")
+    assert status == 0 and got["fits"]
+    pools = got["pools"]
+    assert {g: (pools[g]["format"], pools[g]["entry_bytes"]) for g in
+            ("ori", "cmp_c4", "cmp_c128", "idx")} == {
+        "ori": ("fp8_ds", 584), "cmp_c4": ("fp8_ds", 584), "cmp_c128": ("fp8_ds", 584),
+        "idx": ("fp4", 68)}
+    layers = len(generated.load(spec).pools.GROUPS["cmp_c4"].layers)
+    assert pools["cmp_c4"]["bytes_per_token"] == layers * 584 / 4     # an entry per 4 tokens
+    per_million = got["full_group_bytes_per_million_tokens"]
+    assert per_million == sum(p.get("bytes_per_million_tokens", 0) for p in pools.values())
+    assert round(per_million / GIB, 2) <= ceiling
+
+
 def test_more_memory_holds_more_tokens_and_more_ranks_hold_fewer_experts_each():
     config = EngineConfig(spec="deepseek_v4_flash", max_model_len=1048576)
     small, big = (Admission.plan(EngineConfig(**{**config.__dict__, "device_memory": m}), FLASH)
