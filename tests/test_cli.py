@@ -33,7 +33,7 @@ def test_codegen_help_explains_every_spec_section():
 def test_check_passes_on_the_repository():
     result = _v4serve("codegen", "--check")
     assert result.returncode == 0, result.stderr
-    assert "generated/ matches 4 spec(s)" in result.stdout
+    assert "generated/ matches 5 spec(s)" in result.stdout
 
 
 def test_check_fails_on_drift_and_names_the_fix(tmp_path):
@@ -285,3 +285,22 @@ def test_the_api_key_comes_from_the_flag_else_the_environment(monkeypatch):
     monkeypatch.setenv("VLLM_API_KEY", "from-vllm")
     assert api_key(argparse.Namespace(api_key=None)) == "from-vllm"
     assert api_key(argparse.Namespace(api_key="flag")) == "flag"
+
+
+def test_kv_cache_dtype_fp8_serves_the_specs_served_formats(capsys):
+    """vLLM's --kv-cache-dtype: fp8 takes the spec's own served formats or its -fp8
+    variant; a spec with neither is refused with what to declare."""
+    from server.cli import main
+    from server.cli.spec_check import served
+
+    assert served("tiny", "fp8").SPEC_NAME == "tiny-fp8"
+    assert served("tiny", "auto").SPEC_NAME == "tiny"
+    assert served("deepseek-v4-flash", "fp8").SPEC_NAME == "deepseek-v4-flash"
+    assert main(["plan", "--spec", "tiny", "--kv-cache-dtype", "fp8",
+                 "--device-memory", "4GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "spec tiny-fp8" in out and "fp8_ds    200 B/entry" in out
+    assert main(["plan", "--spec", "reference", "--kv-cache-dtype", "fp8",
+                 "--device-memory", "4GiB"]) == 2
+    assert "spec reference stores its cache entries as computed and there is no " \
+           "reference-fp8 spec" in capsys.readouterr().err

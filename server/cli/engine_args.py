@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from server.cli.spec_check import default_model, load_current
+from server.cli.spec_check import CACHE_DTYPES, default_model, load_current, served
 
 if TYPE_CHECKING:
     from runtime.core.config import EngineConfig
@@ -52,6 +52,10 @@ def add_limit_args(parser: argparse.ArgumentParser) -> None:
     """The spec and the limits in force (shared with `v4serve plan`)."""
     parser.add_argument("--spec", default="tiny",
                         help="spec to serve, by name or file (default: tiny)")
+    parser.add_argument("--kv-cache-dtype", choices=CACHE_DTYPES, default="auto",
+                        help="cache entry formats: auto, the spec's; fp8, V4's served ones "
+                             "(fp8_ds main entries, FP4 indexer keys): the spec's own or its "
+                             "<spec>-fp8 variant (default: auto)")
     parser.add_argument("--num-speculative-tokens", type=int, default=None,
                         help="MTP draft tokens per step; 0 disables MTP (default: the spec's)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None,
@@ -160,7 +164,7 @@ def _own_device_memory(args: argparse.Namespace, spec: str) -> int | None:
 
 def limit_fields(args: argparse.Namespace) -> dict:
     """EngineConfig's fields from add_limit_args' flags."""
-    return dict(spec=load_current(args.spec).SPEC_NAME,
+    return dict(spec=served(args.spec, args.kv_cache_dtype).SPEC_NAME,
                 num_speculative_tokens=args.num_speculative_tokens,
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 long_prefill_token_threshold=args.long_prefill_token_threshold,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from runtime.planning.plan_report import plan, render
 from server.cli.engine_args import add_limit_args, add_memory_args, limit_fields
@@ -37,9 +38,13 @@ def _positive(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from runtime.core.config import EngineConfig
-    from server.cli.spec_check import load_current
+    from server.cli.spec_check import StaleSpecError, served
 
-    spec = load_current(args.spec)
+    try:
+        spec = served(args.spec, args.kv_cache_dtype)
+    except StaleSpecError as exc:
+        print(f"v4serve plan: {exc}", file=sys.stderr)
+        return 2
     config = EngineConfig(**limit_fields(args), device_memory=args.device_memory,
                           gpu_memory_utilization=args.gpu_memory_utilization)
     result = plan(config, spec, args.ranks)

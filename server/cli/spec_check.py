@@ -38,6 +38,36 @@ def load_current(spec: str) -> ModuleType:
     return package
 
 
+class CacheDtypeError(StaleSpecError):
+    """--kv-cache-dtype asks for entry formats the spec does not declare."""
+
+
+CACHE_DTYPES = ("auto", "fp8")
+
+
+def served(spec: str, cache_dtype: str = "auto") -> ModuleType:
+    """The generated package serving `spec` with --kv-cache-dtype `cache_dtype` (vLLM's
+    flag): "auto" the spec as it declares its pools; "fp8" V4's served formats (fp8_ds
+    main entries, FP8/FP4 indexer keys): the spec itself when it declares them, else its
+    `<name>-fp8` variant (specs/tiny-fp8.yaml)."""
+    package = load_current(spec)
+    if cache_dtype not in CACHE_DTYPES:
+        raise CacheDtypeError(f"--kv-cache-dtype {cache_dtype!r}: one of "
+                              f"{', '.join(CACHE_DTYPES)}")
+    if cache_dtype == "auto" or package.pools.GROUPS["cmp_c4"].format == "fp8_ds":
+        return package
+    variant = f"{package.SPEC_NAME}-fp8"
+    try:
+        return load_current(variant)
+    except StaleSpecError as exc:
+        if variant.replace("-", "_") in generated.SPECS:
+            raise
+        raise CacheDtypeError(
+            f"--kv-cache-dtype fp8: spec {package.SPEC_NAME} stores its cache entries as "
+            f"computed and there is no {variant} spec; declare pools.groups.<group>.format "
+            "(fp8_ds for ori, cmp_c4, cmp_c128; fp8 or fp4 for idx) in a spec") from exc
+
+
 def _as_path(spec: str) -> Path | None:
     return Path(spec) if spec.endswith((".yaml", ".yml")) or "/" in spec else None
 
