@@ -6,7 +6,10 @@ both backends. Prints figures; asserts nothing.
     .venv/bin/python bench/offline.py [--model DIR] [--prompt-len 256] [--max-tokens 64]
                                       [--concurrency 1,64] [--backends compiled,torch]
                                       [--long-prompt 16000] [--device cpu]
-                                      [--executors uni,mp]
+                                      [--executors uni,mp] [--kv-cache-dtypes auto,fp8]
+
+`--kv-cache-dtypes auto,fp8` adds rows with the cache entries in V4's served formats
+(server/cli/spec_check.served: the spec's own, or its -fp8 variant), labelled "fp8".
 
 Graphs compile (or load from the on-disk cache) before anything is timed; the first
 line per backend says how long that took.
@@ -26,6 +29,7 @@ from bench.args import bench_parser  # noqa: E402
 from runtime.core.config import EngineConfig  # noqa: E402
 from runtime.core.sampling_params import SamplingParams  # noqa: E402
 from runtime.engine.engine import Engine  # noqa: E402
+from server.cli.spec_check import served  # noqa: E402
 
 HEADER = ("engine", "conc", "MTP", "tok/s", "vs HF", "disp/req", "steps", "step ms",
           "sched", "marshal", "kernel", "sample", "host %", "accept")
@@ -47,10 +51,11 @@ def prompts(n: int, length: int, model: Path) -> list[list[int]]:
     return [torch.randint(2, vocab, (length,), generator=gen).tolist() for _ in range(n)]
 
 
-def build(args, backend: str, k: int, executor: str = "uni") -> Engine:
+def build(args, backend: str, k: int, executor: str = "uni", cache: str = "auto") -> Engine:
     # the prompts repeat (held-out files, cycled): with prefix caching the figures would
     # measure reuse, which bench/prefix.py measures; here every prompt is computed
-    config = EngineConfig(spec=args.spec, model=args.model, num_speculative_tokens=k,
+    spec = served(args.spec, cache).SPEC_NAME
+    config = EngineConfig(spec=spec, model=args.model, num_speculative_tokens=k,
                           backend=backend, device=args.device,
                           distributed_executor_backend=executor, enable_prefix_caching=False)
     engine = Engine.build(config)
@@ -128,6 +133,9 @@ def main() -> None:
                         help="tokens of the prompt whose prefill is timed (0: skip)")
     parser.add_argument("--device", default=None, help="default: the spec's")
     parser.add_argument("--no-transformers", action="store_true")
+    parser.add_argument("--kv-cache-dtypes", default="auto",
+                        help="auto (the spec's cache formats), fp8 (V4's served ones), or "
+                             "both: auto,fp8")
     parser.add_argument("--executors", default="uni",
                         help="uni (every rank in one process), mp (a process per rank), "
                              "or both: uni,mp")
@@ -153,27 +161,30 @@ def main() -> None:
                   + " - |" * (len(HEADER) - 5), flush=True)
     prefill: dict[str, float] = {}
     long = prompts(1, args.long_prompt, args.model)[0] if args.long_prompt else None
-    for executor in args.executors.split(","):
-        for backend in backends:
-            label = backend + (" mp" if executor == "mp" else "")
-            for k in (0, 1):
-                engine = build(args, backend, k, executor)
-                for n in levels:
-                    r = decode_row(engine, prompts(n, args.prompt_len, args.model),
-                                   args.max_tokens)
-                    print(_row(label, n, k, r, hf_tps.get(n)), flush=True)
-                if long and k == 0 and executor == "uni":
-                    prefill_seconds(engine, long[:256])                       # first use
-                    prefill[backend] = prefill_seconds(engine, long)
-                engine.close()
+    caches = args.kv_cache_dtypes.split(",")
+    if len(caches) > 1 and len(backends) > 1:
+        parser.error("--kv-cache-dtypes with two values takes one backend")
+    for executor, backend, cache in ((e, b, c) for e in args.executors.split(",")
+                                     for b in backends for c in caches):
+        label = backend + (" mp" if executor == "mp" else "") + (" fp8" if cache == "fp8" else "")
+        for k in (0, 1):
+            engine = build(args, backend, k, executor, cache)
+            for n in levels:
+                r = decode_row(engine, prompts(n, args.prompt_len, args.model),
+                               args.max_tokens)
+                print(_row(label, n, k, r, hf_tps.get(n)), flush=True)
+            if long and k == 0 and executor == "uni":
+                prefill_seconds(engine, long[:256])                       # first use
+                prefill[label] = prefill_seconds(engine, long)
+            engine.close()
     print("columns step/sched/marshal/kernel/sample: milliseconds per engine step; host %: "
           "(sched + marshal + sample) / step")
     for backend, seconds in prefill.items():
         print(f"prefill of a {args.long_prompt}-token prompt, {backend} backend: "
               f"{seconds:.2f} s ({args.long_prompt / seconds:.0f} tok/s)")
     if len(prefill) == 2:
-        a, b = prefill.values()
-        print(f"prefill speed-up, {backends[0]} over {backends[1]}: {b / a:.1f}x")
+        (a_name, a), (b_name, b) = prefill.items()
+        print(f"prefill speed-up, {a_name} over {b_name}: {b / a:.1f}x")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ as the pools held before formats existed.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -130,9 +129,9 @@ class EntryFormat:
         return self.decode(self.encode(values)).float()
 
 
-@functools.cache
 def entry_format(group: PoolGroup) -> EntryFormat:
-    """The format of a spec's pool group (its values in the group's dtype)."""
+    """The format of a spec's pool group (its values in the group's dtype). Made per call
+    (a few fields): graphs trace it, and dynamo would only warn past a cache."""
     return EntryFormat(group.format, group.row_width, group.rope_width,
                        getattr(torch, group.dtype), rotated=group.format in ("fp8", "fp4"))
 

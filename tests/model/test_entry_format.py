@@ -207,14 +207,18 @@ def test_power_of_two_scale_boundary(name, width, top):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,width,rope", PACKED[::2])
-def test_compiled_round_trip_equals_eager(name, width, rope):
-    """Packed formats, float32 values: inductor elides a cast pair that rounds to
-    bfloat16 and back (a compute-format row, an fp8 row read in bfloat16), as it does
-    everywhere in a compiled graph."""
-    fmt = EntryFormat(name, width, rope, torch.float32)
-    x = sample((2, 3), width, seed=3)
-    assert torch.equal(torch.compile(fmt.round_trip)(x), fmt.round_trip(x))
+def test_compiled_round_trips_equal_eager():
+    """Packed formats, float32 values, in one compiled graph: inductor elides a cast pair
+    that rounds to bfloat16 and back (a compute-format row, an fp8 row read in bfloat16),
+    as it does everywhere in a compiled graph."""
+    formats = [EntryFormat(name, width, rope, torch.float32) for name, width, rope in PACKED]
+    xs = [sample((2, 3), fmt.width, seed=3) for fmt in formats]
+
+    def every(*xs):
+        return [fmt.round_trip(x) for fmt, x in zip(formats, xs)]
+
+    for fmt, got, x in zip(formats, torch.compile(every)(*xs), xs):
+        assert torch.equal(got, fmt.round_trip(x)), fmt
 
 
 @pytest.mark.parametrize("n", [1, 2, 8, 64])
