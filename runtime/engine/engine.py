@@ -252,6 +252,9 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """One step: an output for each request it advanced or ended (its text too,
         with a tokenizer)."""
+        if self.output_processor is None:
+            raise RuntimeError("this engine makes no outputs (an engine core's, built with "
+                               "outputs=False): step_deltas() is its step")
         outputs = self.output_processor.process(self.step_deltas())
         for output in outputs:
             request = self.requests.get(output.request_id)
