@@ -10,8 +10,11 @@ and 98.8%, most of the change from the sliding window's FP8); on the embedded mo
 changes only where the unquantized top-2 gap is below the error the formats measurably
 cause (the 99th percentile of the positions' max |logit diff|; the fixture's random
 weights have outliers at its first positions, whose few keys average no error away).
-Each run's figures are printed (pytest -s)."""
+Greedy code from bench/code_prompts.txt differs only after such a near-tie. Each run's
+figures are printed (pytest -s)."""
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -28,6 +31,7 @@ from tests.model.support import (
     reference_params,
     spec_with_formats,
 )
+from tests.runtime.engine_support import greedy_without_scheduler
 
 POSITIONS = 2000
 TINY = generated.load("tiny")
@@ -85,3 +89,32 @@ def test_the_embedded_model_keeps_its_tokens_within_the_formats_error(specs, mon
     monkeypatch.setattr(Driver, "BLOCKS", 64)     # the embedded model's 2,000 positions
     compare(load_params(EMBEDDED, TINY), TINY, specs["tiny"], real_text(EMBEDDED, POSITIONS),
             "embedded model", within_bound=True)
+
+
+@pytest.mark.slow
+def test_greedy_code_changes_only_after_a_gap_below_the_formats_error(specs, monkeypatch):
+    """bench/code_prompts.txt, 32 greedy tokens of the embedded model with the served
+    formats and without: where a continuation first differs, the unquantized top-2 gap
+    there is below the error the formats cause along that continuation (the p99 of its
+    positions' max |logit diff|, teacher-forced on the unquantized tokens)."""
+    monkeypatch.setattr(Driver, "BLOCKS", 64)
+    params, tokenizer = load_params(EMBEDDED, TINY), Tokenizer(EMBEDDED)
+    lines = (ROOT / "bench" / "code_prompts.txt").read_text().splitlines()
+    differed = 0
+    for line in filter(str.strip, lines):
+        prompt = tokenizer.encode(json.loads(line))
+        exact = greedy_without_scheduler(params, prompt, 32, TINY)
+        quant = greedy_without_scheduler(params, prompt, 32, specs["tiny"])
+        if quant == exact:
+            continue
+        differed += 1
+        first = next(i for i, (a, b) in enumerate(zip(exact, quant)) if a != b)
+        ids = prompt + exact
+        logits, _ = Driver(params, spec=TINY).prefill(ids, 512)
+        served, _ = Driver(params, spec=specs["tiny"]).prefill(ids, 512)
+        bound = (served - logits).abs().amax(-1)[len(prompt) - 1:].quantile(0.99).item()
+        top2 = logits[len(prompt) - 1 + first].topk(2).values
+        print(f"\n{line[:40]!r}: first differs at token {first}, top-2 gap "
+              f"{(top2[0] - top2[1]).item():.4f}, error bound {bound:.4f}")
+        assert (top2[0] - top2[1]).item() < bound
+    print(f"{differed} of {len(lines)} continuations differ")
