@@ -15,6 +15,8 @@ Per request state slot (rank * slots_per_rank + slot), allocated at the first re
 that needs it and written when a request gets its slot (admission, re-admission after
 preemption), never per step:
 
+    params  ParamTable (host)      its sampling parameters and stream, gathered by
+                                   slot into each step's RowParams
     counts  [slots, vocab] int32   output token counts (penalties), advanced per step
     prompt  [slots, vocab] bool    tokens of the prompt (repetition penalty)
     bias    [slots, vocab] float32 the request's logit bias, dense (zero elsewhere)
@@ -55,8 +57,9 @@ class RowParams:
 
 def row_params(params: list[SamplingParams], seeds: list[int], counters: list[int],
                states: list[int], device: torch.device) -> RowParams:
-    """RowParams from the rows' SamplingParams: built on the host, two copies to the
-    device; no bias rows (SamplingState.row_params adds the requests' own)."""
+    """RowParams from the rows' SamplingParams (a row a stream, as the benchmarks and
+    the sampler's tests give them): through a ParamTable of their own, two copies to the
+    device; no bias rows (SamplingState.biased adds the requests' own)."""
     table = ParamTable(len(params))
     for i, (p, seed) in enumerate(zip(params, seeds)):
         table.write(i, p, seed)
