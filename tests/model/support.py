@@ -2,6 +2,7 @@
 runs one request through the pools in chunks, then token by token."""
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import re
@@ -85,18 +86,77 @@ def randomize(model: torch.nn.Module, config: dict, seed: int) -> None:
 def spec_with_formats(base: str, formats: dict[str, str], out: Path) -> ModuleType:
     """The generated package of specs/<base>.yaml with pool groups stored in other entry
     formats (`formats`: group -> format), generated into `out` by codegen and imported."""
-    from codegen.pipeline import generate
     text = (ROOT / "specs" / f"{base}.yaml").read_text()
     for group, fmt in formats.items():
         text, found = re.subn(rf"^(\s+{group}:\s*{{[^}}]*)}}", rf"\1, format: {fmt}}}", text,
                               count=1, flags=re.M)
         assert found, group
     name = "-".join([base, *(f"{g}_{f}" for g, f in sorted(formats.items()))])
+    return generated_spec(text, name, out)
+
+
+def spec_for_config(config: dict, base: str, out: Path,
+                    context_buckets: list[int] | None = None) -> ModuleType:
+    """The generated package of a spec for `config` (a config.json's keys) with the
+    serving choices of specs/<base>.yaml, as `v4serve spec new` writes it (and other
+    decode context buckets, where the base's are too short for the model's top-k)."""
+    from codegen.pipeline import load_spec
+    from codegen.spec_new import render_spec, spec_from_config
+    data = spec_from_config(config, load_spec(ROOT / "specs" / f"{base}.yaml"))
+    if context_buckets:
+        data["decode"]["context_buckets"] = context_buckets
+    text = render_spec(data, "a test", base)
+    digest = hashlib.sha1(text.encode()).hexdigest()[:8]      # one package per spec text
+    return generated_spec(text, f"{base}-{digest}", out)
+
+
+def generated_spec(text: str, name: str, out: Path) -> ModuleType:
+    """Spec YAML `text` written as `out`/<name>.yaml, generated beside any packages
+    already in `out`/packages, and imported."""
+    from codegen.pipeline import generate
     (out / f"{name}.yaml").write_text(text)
-    generate([out / f"{name}.yaml"], out / "packages", root=out)
+    generate([out / f"{name}.yaml"], out / "packages", root=out, every=False)
     if str(out / "packages") not in sys.path:
         sys.path.insert(0, str(out / "packages"))
     return importlib.import_module(name.replace("-", "_"))
+
+
+def random_checkpoint(config: dict, out: Path, seed: int) -> Path:
+    """An official-format float32 checkpoint of `config` with random weights drawn as
+    the fixture's are (matrices at fan_in^-1/2, the embedding and compressor position
+    biases at 1, mHC scales around 0.6, norms around 1, random sinks, hc bases and
+    router bias, each hash row routing to distinct experts), written without building a
+    transformers model, so that a large architecture is cheap to make."""
+    from contract.checkpoint_layout import expected_shapes
+    from contract.model_args import ModelArgs
+    gen = torch.Generator().manual_seed(seed)
+    experts, k = config["n_routed_experts"], config["num_experts_per_tok"]
+
+    def normal(shape, std, mean=0.0):
+        return torch.randn(shape, generator=gen) * std + mean
+
+    tensors = {}
+    for name, shape in expected_shapes(ModelArgs.from_config(config)).items():
+        if name.endswith("tid2eid"):
+            value = torch.stack([torch.randperm(experts, generator=gen)[:k]
+                                 for _ in range(shape[0])]).to(torch.int32)
+        elif name == "embed.weight":
+            value = normal(shape, 1.0)
+        elif name.endswith(".ape"):
+            value = normal(shape, 0.5)
+        elif len(shape) >= 2:
+            value = normal(shape, shape[-1] ** -0.5)
+        elif "hc_" in name and name.endswith("scale"):
+            value = normal(shape, 0.2, 0.6)
+        elif name.endswith("weight"):              # norms
+            value = normal(shape, 0.1, 1.0)
+        else:                                      # sinks, hc bases, the router bias
+            value = normal(shape, 0.125 if name.endswith("bias") else 0.5)
+        tensors[name] = value
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
 
 
 SERVED = {"ori": "fp8_ds", "cmp_c128": "fp8_ds", "cmp_c4": "fp8_ds", "idx": "fp4"}
