@@ -186,6 +186,10 @@ class ModelRunner:
         graphs = self.backend.graphs
         return graphs if graphs is not None and graphs.compiling else None
 
+    def pending_graphs(self) -> int:
+        graphs = self.graphs()
+        return graphs.pending() if graphs is not None else 0
+
     # -- what it holds ---------------------------------------------------------------
 
     def rank_processes(self) -> list[dict]:

@@ -109,7 +109,7 @@ class Engine:
 
     def pending_graphs(self) -> int:
         """Graphs that run eagerly until a compile saves them (defer_compile)."""
-        return self.graphs.pending() if self.graphs is not None else 0
+        return self.executor.pending_graphs()
 
     def summary(self) -> dict:
         """What was loaded and how much fits: the startup log and /server_info show it."""

@@ -61,6 +61,10 @@ class Executor(Protocol):
     def graphs(self) -> Graphs | None:
         """The compiling graphs of this process (None: none compile here)."""
 
+    def pending_graphs(self) -> int:
+        """Graphs run eagerly until a compile saves them (defer_compile): this
+        process's, or the most any rank process has."""
+
     def rank_processes(self) -> list[dict]:
         """Per process that holds ranks, for /server_info: rank, pid, host, device,
         param_bytes, pool_bytes of each rank worker (mp); ranks and pid (uni)."""

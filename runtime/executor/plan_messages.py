@@ -154,6 +154,7 @@ class RankInfo(msgspec.Struct):
     device: str
     param_bytes: int
     pool_bytes: int
+    pending_graphs: int = 0         # graphs it runs eagerly until their artifacts appear
 
 
 class Ready(msgspec.Struct, array_like=True, tag=True):

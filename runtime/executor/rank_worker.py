@@ -98,15 +98,18 @@ class RankWorker:
         self.runner = ModelRunner(spec, self.params, admission.capacity.blocks, admission.k,
                                   backend_name(config, spec), self.device, ranks=1,
                                   max_logprobs=config.max_logprobs,
-                                  checkpoint=Path(config.model))
+                                  checkpoint=Path(config.model),
+                                  defer_compile=config.defer_compile)
         self.pool_bytes = admission.capacity.bytes
         self.reader = PlanReader(rank)
         self.encoder = msgspec.msgpack.Encoder()
 
     def info(self) -> RankInfo:
         """This rank, for /server_info and the startup log."""
+        graphs = self.runner.graphs()
         return RankInfo(self.rank, os.getpid(), os.uname().nodename, str(self.device),
-                        bytes_per_rank(self.params), self.pool_bytes)
+                        bytes_per_rank(self.params), self.pool_bytes,
+                        graphs.pending() if graphs is not None else 0)
 
     def warmup(self) -> None:
         """Every rank runs the same warm-up launches, so their collectives pair; only a
@@ -165,8 +168,8 @@ def serve(worker: RankWorker, core: zmq.Socket | None) -> None:
     """The step loop: rank 0 relays messages from the core (core is its socket), the
     others follow. Returns on Shutdown."""
     encode, decoder = worker.encoder.encode, msgspec.msgpack.Decoder(ToRanks)
+    worker.warmup()                                  # then its info counts what waits
     infos = worker.gather(encode(worker.info()))
-    worker.warmup()
     if core is not None:
         core.send(encode(Ready([msgspec.msgpack.decode(i, type=RankInfo) for i in infos])))
     heartbeat = encode(Heartbeat())

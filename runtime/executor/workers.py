@@ -201,6 +201,11 @@ class Workers:
     def graphs(self) -> None:
         return None
 
+    def pending_graphs(self) -> int:
+        """The most graphs any rank runs eagerly for want of an artifact (counted after
+        its warmup; a rank picks each up as it is saved)."""
+        return max(r["pending_graphs"] for r in self.ranks)
+
     def rank_processes(self) -> list[dict]:
         return self.ranks
 

@@ -17,6 +17,14 @@ from runtime.core.scheduler import Scheduler, SchedulerConfig, refusal
 from runtime.planning import capacity
 from runtime.planning.memory_plan import MemoryPlan
 
+MAX_K = 1          # draft tokens per step this runtime verifies
+
+
+def servable_ks(contract) -> list[int]:
+    """The K of every decode layout a spec declares that this runtime serves."""
+    return sorted(k for k in contract.DECODE_LAYOUTS if k <= MAX_K)
+
+
 # The longest stop string: every token's text is searched for each one, and the last
 # len(longest) - 1 characters of an output are held back until it cannot match.
 MAX_STOP_CHARS = 1024
@@ -197,9 +205,9 @@ def _resolve(config: Any, spec: ModuleType) -> tuple[int, SchedulerConfig]:
     if k not in c.DECODE_LAYOUTS:
         raise ConfigError(f"--num-speculative-tokens {k}: spec {spec.SPEC_PATH} has decode "
                           f"layouts for K in {sorted(c.DECODE_LAYOUTS)}")
-    if k > 1:
+    if k > MAX_K:
         raise ConfigError(f"--num-speculative-tokens {k}: this runtime verifies one draft "
-                          "token per step (K <= 1)")
+                          f"token per step (K <= {MAX_K})")
     limits = {}
     for name in ("max_num_batched_tokens", "long_prefill_token_threshold", "max_model_len",
                  "max_num_seqs"):

@@ -1,33 +1,43 @@
 """Compile every graph a configuration needs and save it, then exit:
 
     python -m runtime.process.precompile --spec tiny [--model DIR]
-        [--num-speculative-tokens K] [--device cpu]
+        [--num-speculative-tokens K] [--device cpu] [--distributed-executor-backend mp]
 
-`v4serve compile` runs this; a serving engine (in the engine-core process or in the
-server's) starts it in the background when graphs are missing, and serves eagerly until
-each one is saved (graphs.py picks them up).
+Without --num-speculative-tokens, the graphs of every K the spec declares (and this
+runtime serves), so that a later run at any K finds them. With mp, the rank processes'
+graphs (each holds its share of the experts): they compile each graph once between
+them (graphs.py's lock). `v4serve compile` runs this; a serving engine (in the
+engine-core process or in the server's) starts it in the background for its own K when
+graphs are missing, and serves eagerly until each one is saved (graphs.py picks them
+up).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import subprocess
 import sys
 import time
 
+import generated
 from runtime.core.config import EngineConfig
 from runtime.engine.engine import Engine
 from runtime.executor.parent_watch import arm_death_signal
+from runtime.planning.admission import servable_ks
 
 log = logging.getLogger("v4serve")
 
 
-def precompile_command(config: EngineConfig) -> list[str]:
-    """The command that compiles and saves every graph of this engine configuration."""
+def precompile_command(config: EngineConfig, k: int | None = None) -> list[str]:
+    """The command that compiles and saves every graph of this engine configuration, at
+    K = `k` (None: the configuration's K if it names one, else every K)."""
     command = [sys.executable, "-m", "runtime.process.precompile", "--spec", config.spec,
-               "--model", str(config.model)]
-    if config.num_speculative_tokens is not None:
-        command += ["--num-speculative-tokens", str(config.num_speculative_tokens)]
+               "--model", str(config.model),
+               "--distributed-executor-backend", config.distributed_executor_backend]
+    k = config.num_speculative_tokens if k is None else k
+    if k is not None:
+        command += ["--num-speculative-tokens", str(k)]
     if config.device:
         command += ["--device", config.device]
     return command
@@ -39,16 +49,27 @@ def compile_missing(engine: Engine) -> subprocess.Popen | None:
     pending = engine.pending_graphs()
     if not pending:
         return None
-    process = subprocess.Popen(precompile_command(engine.config), preexec_fn=arm_death_signal)
+    process = subprocess.Popen(precompile_command(engine.config, engine.k),
+                               preexec_fn=arm_death_signal)
     log.info("%d graph(s) are not compiled yet: compiling them in the background (pid %d); "
              "they run eagerly meanwhile", pending, process.pid)
     return process
 
 
 def compile_all(config: EngineConfig) -> dict[str, float]:
-    """Build an engine for `config` and run its warmup with compiling graphs."""
-    engine = Engine.build(config)
-    return engine.warmup()
+    """Build an engine for `config` at its K (every K the spec serves if it names none)
+    and run its warmup with compiling graphs; seconds per graph of this process."""
+    ks = [config.num_speculative_tokens]
+    if ks == [None]:
+        ks = servable_ks(generated.load(config.spec).contract)
+    seconds: dict[str, float] = {}
+    for k in ks:
+        engine = Engine.build(dataclasses.replace(config, num_speculative_tokens=k))
+        try:
+            seconds.update(engine.warmup())
+        finally:
+            engine.close()
+    return seconds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,13 +79,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True)
     parser.add_argument("--num-speculative-tokens", type=int, default=None)
     parser.add_argument("--device", default=None)
+    parser.add_argument("--distributed-executor-backend", choices=("uni", "mp"),
+                        default="uni")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     start = time.perf_counter()
+    # small pools (max_model_len): a graph's page count is dynamic, so it serves every
+    # capacity
     seconds = compile_all(EngineConfig(
         spec=args.spec, model=args.model, num_speculative_tokens=args.num_speculative_tokens,
-        device=args.device, backend="compiled", max_model_len=1024))   # small pools:
-    # a graph's page count is dynamic, so it serves every capacity
+        device=args.device, backend="compiled", max_model_len=1024,
+        distributed_executor_backend=args.distributed_executor_backend))
     logging.getLogger("v4serve.graphs").info(
         "%d graphs ready in %.1f s", len(seconds), time.perf_counter() - start)
     return 0

@@ -5,6 +5,7 @@ off, and over two "nodes" on one machine. (What a step sends the ranks, and each
 share of it: test_step_plan.py.)"""
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -180,3 +181,27 @@ def test_the_all_to_all_moe_equals_the_local_one_on_a_group_of_one(tmp_path):
         expert_parallel.enable(None)
         dist.destroy_process_group()
     torch.testing.assert_close(got, routed(x, chosen, weights, w13, w2, 10.0))
+
+
+@pytest.mark.slow
+def test_rank_processes_defer_missing_graphs_and_say_so(tmp_path, monkeypatch):
+    """serve and generate defer compiling: on an empty cache the rank processes run
+    each graph eagerly (in step, their collectives pair as compiled ones would), start at
+    once instead of each compiling every graph, and report what waits for a compile."""
+    monkeypatch.setenv("V4SERVE_CACHE_DIR", str(tmp_path))
+    prompts = CODE[:2]
+    eager = Engine.build(_config(0, "uni"))
+    try:
+        want = [o.output_ids for o in eager.generate(prompts, GREEDY)]
+    finally:
+        eager.close()
+    engine = Engine.build(dataclasses.replace(_config(0, "mp"), enforce_eager=False,
+                                              backend="compiled", defer_compile=True))
+    try:
+        assert engine.pending_graphs() > 0
+        assert {r["pending_graphs"] for r in engine.summary()["processes"]} == \
+            {engine.pending_graphs()}
+        assert [o.output_ids for o in engine.generate(prompts, GREEDY)] == want
+    finally:
+        engine.close()
+    assert not list(tmp_path.glob("graphs/*/*.aot"))         # nothing compiled meanwhile

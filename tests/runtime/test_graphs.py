@@ -57,3 +57,29 @@ def test_engine_warmup_runs_every_launch_of_a_compiling_backend_only():
         engine.executor.warmup = lambda calls=calls: calls.append(1)
         engine.warmup()
         assert bool(calls) == warms, backend
+
+
+def test_processes_compile_a_graph_once_between_them(tmp_path):
+    """Two processes that need the same graph at once: one compiles it, the other
+    waits for the lock and loads what it saved (an mp engine's rank processes)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    script = ("import sys, torch\n"
+              "from runtime.backends.compiled.graphs import Graphs\n"
+              "from tests.runtime.test_graphs import _run\n"
+              "graphs = Graphs('compile')\n"
+              "out = _run(graphs, 3)\n"
+              "print('compiled' if graphs.compiled else 'loaded', round(out.sum().item(), 5))\n")
+    env = {**os.environ, "V4SERVE_CACHE_DIR": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    said = sorted(p.communicate(timeout=300)[0].split() for p in procs)
+    assert [p.returncode for p in procs] == [0, 0]
+    assert [how for how, _ in said] == ["compiled", "loaded"]
+    assert said[0][1] == said[1][1]                      # the same graph's result
+    assert len(list(tmp_path.glob("graphs/*/scale-*.aot"))) == 1
+    assert list(tmp_path.glob("inductor/*"))          # its C++ beside the artifacts

@@ -15,16 +15,24 @@ runs without dynamo's guards.
 one (dynamo, fullgraph, no code generation): the check that no launch breaks a graph.
 With `defer`, a graph whose artifact is not there yet runs eagerly, and is picked up
 as soon as another process (runtime/process/precompile.py) has saved it.
+
+Processes share the cache: a graph is compiled by one process at a time (a file lock on
+its artifact), and the others waiting for it load what it saved, so the rank processes
+of an mp engine compile each graph once between them. Inductor's own cache (the C++ a
+loaded graph runs) lives beside the artifacts, under the same directory: an artifact
+whose C++ is not in it compiles its C++ again as it loads (seconds per graph).
 """
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import logging
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -39,7 +47,9 @@ def cache_dir() -> Path:
 
 
 def _configure() -> None:
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
+    # set, not defaulted: an earlier compile in this process (torch sets the variable
+    # on first use) must not send this cache's C++ elsewhere
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "inductor")
     torch._dynamo.config.cache_size_limit = 256
     torch._dynamo.config.accumulated_cache_size_limit = 4096
     torch._dynamo.config.automatic_dynamic_shapes = False   # only what we mark varies
@@ -71,6 +81,7 @@ class Graphs:
             _configure()
         self.mode, self.defer = mode, defer
         self.seconds: dict[str, float] = {}          # graph -> its compile or load seconds
+        self.compiled: set[str] = set()              # graphs this process compiled itself
         self.missing: set[str] = set()               # signatures run eagerly for want of one
         self._fns: dict[str, Callable] = {}
         self._signatures: dict[tuple, str] = {}
@@ -112,13 +123,23 @@ class Graphs:
             self.missing.add(signature)
             return None
         else:
-            self._mark(dynamic)
-            graph = self._compile(fn, args, path)
+            graph = self._compile_once(key, fn, args, dynamic, path)
         self._fns[signature] = graph
         self.seconds[key] = time.perf_counter() - start
         self.missing.discard(signature)
         log.info("graph %s ready in %.1f s", key, self.seconds[key])
         return graph
+
+    def _compile_once(self, key: str, fn: Callable, args: tuple, dynamic: Dynamic,
+                      path: Path) -> Callable:
+        """Compile and save the graph, or load it if another process saved it while
+        this one waited for the lock."""
+        with _locked(path):
+            if path.exists():
+                return _load(path)
+            self._mark(dynamic)
+            self.compiled.add(key)
+            return self._compile(fn, args, path)
 
     def _compile(self, fn: Callable, args: tuple, path: Path) -> Callable:
         compiled = torch.compile(fn, fullgraph=True, dynamic=None).aot_compile((args, {}))
@@ -140,6 +161,19 @@ class Graphs:
     def pending(self) -> int:
         """Graphs still run eagerly, waiting for an artifact."""
         return len(self.missing)
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the artifact at `path` (a file beside it) while inside;
+    released when the process exits, whatever happens."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _load(path: Path) -> Callable:
