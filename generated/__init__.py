@@ -11,6 +11,7 @@ SPECS = {
     "deepseek_v4_pro": "specs/deepseek-v4-pro.yaml",
     "reference": "specs/reference.yaml",
     "tiny": "specs/tiny.yaml",
+    "tiny_bf16": "specs/tiny-bf16.yaml",
     "tiny_fp8": "specs/tiny-fp8.yaml",
 }
 

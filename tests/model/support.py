@@ -20,6 +20,7 @@ from runtime.device.pools import allocate_pools
 from runtime.model.forward import logits, main_model
 from runtime.model.paging import PoolView, Segment
 from runtime.model.params import ModelParams
+from runtime.text.tokenizer import Tokenizer
 from runtime.weights.loader import load_params
 
 REF = generated.load("reference")
@@ -95,6 +96,20 @@ def spec_with_formats(base: str, formats: dict[str, str], out: Path) -> ModuleTy
     return generated_spec(text, name, out)
 
 
+def spec_in_bfloat16(base: str, out: Path) -> ModuleType:
+    """specs/<base>.yaml computing in bfloat16: its topology dtype and the groups of
+    computed entries (the window, the compressed entries, the indexer keys); the
+    compressor state stays float32 (as specs/tiny-bf16.yaml is made from tiny)."""
+    text = (ROOT / "specs" / f"{base}.yaml").read_text()
+    text, found = re.subn(r"^(\s+dtype:) float32$", r"\1 bfloat16", text, flags=re.M)
+    assert found == 1
+    for group in ("ori", "cmp_c128", "cmp_c4", "idx"):
+        text, found = re.subn(rf"^(\s+{group}:\s*{{[^}}]*)dtype: float32", r"\1dtype: bfloat16",
+                              text, count=1, flags=re.M)
+        assert found, group
+    return generated_spec(text, f"{base}-bf16", out)
+
+
 def spec_for_config(config: dict, base: str, out: Path,
                     context_buckets: list[int] | None = None) -> ModuleType:
     """The generated package of a spec for `config` (a config.json's keys) with the
@@ -157,6 +172,40 @@ def random_checkpoint(config: dict, out: Path, seed: int) -> Path:
     save_file(tensors, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(config, indent=2))
     return out
+
+
+def real_text(checkpoint, n: int = 2000) -> list[int]:
+    """The first `n` tokens of this repository's README through the checkpoint's tokenizer."""
+    ids = Tokenizer(checkpoint).encode((ROOT / "README.md").read_text())
+    assert len(ids) >= n
+    return ids[:n]
+
+
+def compare(params, exact_spec, served_spec, ids: list[int], label: str,
+            within_bound: bool, least: float = 0.98, bound_quantile: float = 0.99,
+            served_params=None) -> None:
+    """Logits of `ids` (a prefill in chunks of 512) under `served_spec` against
+    `exact_spec`: the top-1 token agrees at `least` of the positions or more, and with
+    `within_bound` it changes only where the exact top-2 gap is below the
+    `bound_quantile` of the positions' max |logit diff|. The figures are printed."""
+    exact, _ = Driver(params, spec=exact_spec).prefill(ids, 512)
+    quant, _ = Driver(served_params or params, spec=served_spec).prefill(ids, 512)
+    quant = quant.float()
+    assert torch.isfinite(quant).all()
+    diff = (quant - exact).abs().amax(-1)
+    top2 = exact.topk(2, -1).values
+    gap = top2[:, 0] - top2[:, 1]
+    flips = quant.argmax(-1) != exact.argmax(-1)
+    bound = diff.quantile(bound_quantile).item()
+    agree = 1 - flips.float().mean().item()
+    print(f"\n{label}, {len(ids)} positions: top-1 agreement {agree:.4f}; max |logit diff| "
+          f"per position: median {diff.median():.4f}, p99 {diff.quantile(0.99):.4f}, max "
+          f"{diff.max():.4f}; "
+          f"top-2 gap: median {gap.median():.4f}, largest where the token changed "
+          f"{gap[flips].max().item() if flips.any() else 0.0:.4f}")
+    assert agree >= least
+    if within_bound:
+        assert (gap[flips] < bound).all()
 
 
 SERVED = {"ori": "fp8_ds", "cmp_c128": "fp8_ds", "cmp_c4": "fp8_ds", "idx": "fp4"}
@@ -223,3 +272,36 @@ class Driver:
                 outs.append(logits(self.params, h))
             streams.append(h)
         return torch.cat(outs), torch.cat(streams)
+
+
+def greedy_differs_only_after_near_ties(checkpoint, params, spec, other_params,
+                                        other_spec, tokens: int = 32) -> int:
+    """bench/code_prompts.txt, `tokens` greedy tokens under (params, spec) and under
+    (other_params, other_spec): where a continuation first differs, the first's top-2
+    gap there is below the error the other causes along that continuation (the p99 of
+    its positions' max |logit diff|, teacher-forced on the first's tokens). Returns how
+    many continuations differ (printed with each one's gap and bound)."""
+    from tests.runtime.engine_support import greedy_without_scheduler
+    tokenizer = Tokenizer(checkpoint)
+    lines = [json.loads(line) for line in
+             (ROOT / "bench" / "code_prompts.txt").read_text().splitlines() if line.strip()]
+    differed = 0
+    for line in lines:
+        prompt = tokenizer.encode(line)
+        exact = greedy_without_scheduler(params, prompt, tokens, spec)
+        other = greedy_without_scheduler(other_params, prompt, tokens, other_spec)
+        if other == exact:
+            continue
+        differed += 1
+        first = next(i for i, (a, b) in enumerate(zip(exact, other)) if a != b)
+        ids = prompt + exact
+        logits, _ = Driver(params, spec=spec).prefill(ids, 512)
+        served, _ = Driver(other_params, spec=other_spec).prefill(ids, 512)
+        bound = (served.float() - logits).abs().amax(-1)[len(prompt) - 1:].quantile(0.99)
+        top2 = logits[len(prompt) - 1 + first].topk(2).values
+        gap = (top2[0] - top2[1]).item()
+        print(f"\n{line[:40]!r}: first differs at token {first}, top-2 gap {gap:.4f}, "
+              f"error bound {bound.item():.4f}")
+        assert gap < bound.item()
+    print(f"{differed} of {len(lines)} continuations differ")
+    return differed

@@ -1,0 +1,73 @@
+# @generated from specs/tiny-bf16.yaml by codegen — do not edit
+"""Pool groups of spec `tiny-bf16`.
+
+Group g is one tensor [ranks, layers, blocks + 1, rows_per_page, storage_width] per
+device (runtime/device/pools.py allocates it); a row is row_width values in the group's
+entry format (stored as they are, or packed into `bytes` uint8: contract/entry_formats.py);
+scheduler block b of g owns page b in every layer of g; the last block is the scratch page. Block ids are rank-local and owned by the
+scheduler. Ring groups address position p at page (p // rows_per_page) % ring_pages of
+the request's ring; full groups keep every compressed entry.
+
+  group            layers  rows/page  row width  dtype     format   bytes  policy  blocks per request
+  ori                   5        128        128  bfloat16  compute    256  ring    min(3, ceil(len / 128))
+  cmp_c128              1          1        128  bfloat16  compute    256  full    ceil((len // 128) / 1)
+  cmp_c4                2         32        128  bfloat16  compute    256  full    ceil((len // 4) / 32)
+  idx                   2         32         64  bfloat16  compute    128  full    ceil((len // 4) / 32)
+  hca_state             1          8        256  float32   compute   1024  ring    min(16, ceil(len / 8))
+  csa_state             2          4        512  float32   compute   2048  ring    min(2, ceil(len / 4))
+  csa_inner_state       2          4        256  float32   compute   1024  ring    min(2, ceil(len / 4))
+"""
+from __future__ import annotations
+
+import enum
+
+from contract.abi import PoolGroup
+
+GROUPS: dict[str, PoolGroup] = {
+    "ori": PoolGroup("ori", layers=(0, 1, 2, 3, 4), rows_per_page=128, row_width=128,
+        dtype="bfloat16", policy="ring", tokens_per_row=1, ring_pages=3, table_width=3,
+        page_bytes=32768, block_bytes=163840, formula="min(3, ceil(len / 128))", format="compute",
+        rope_width=0, entry_bytes=256, doc="sliding-window KV of every layer, the MTP layer "
+        "included; ring = ceil((window - 1 + in_flight) / block_size) + 1 with window 128, "
+        "in_flight 2 (the widest decode row)"),
+    "cmp_c128": PoolGroup("cmp_c128", layers=(2,), rows_per_page=1, row_width=128,
+        dtype="bfloat16", policy="full", tokens_per_row=128, ring_pages=None, table_width=128,
+        page_bytes=256, block_bytes=256, formula="ceil((len // 128) / 1)", format="compute",
+        rope_width=0, entry_bytes=256, doc="HCA compressed KV entries (ratio 128)"),
+    "cmp_c4": PoolGroup("cmp_c4", layers=(1, 3), rows_per_page=32, row_width=128, dtype="bfloat16",
+        policy="full", tokens_per_row=4, ring_pages=None, table_width=128, page_bytes=8192,
+        block_bytes=16384, formula="ceil((len // 4) / 32)", format="compute", rope_width=0,
+        entry_bytes=256, doc="CSA compressed KV entries (ratio 4)"),
+    "idx": PoolGroup("idx", layers=(1, 3), rows_per_page=32, row_width=64, dtype="bfloat16",
+        policy="full", tokens_per_row=4, ring_pages=None, table_width=128, page_bytes=4096,
+        block_bytes=8192, formula="ceil((len // 4) / 32)", format="compute", rope_width=0,
+        entry_bytes=128, doc="lightning-indexer compressed keys (ratio 4)"),
+    "hca_state": PoolGroup("hca_state", layers=(2,), rows_per_page=8, row_width=256,
+        dtype="float32", policy="ring", tokens_per_row=1, ring_pages=16, table_width=16,
+        page_bytes=8192, block_bytes=8192, formula="min(16, ceil(len / 8))", format="compute",
+        rope_width=0, entry_bytes=1024, doc="C128 compressor state: pending kv and gate-score "
+        "rows; ring = state span 128 / rows_per_page 8"),
+    "csa_state": PoolGroup("csa_state", layers=(1, 3), rows_per_page=4, row_width=512,
+        dtype="float32", policy="ring", tokens_per_row=1, ring_pages=2, table_width=2,
+        page_bytes=8192, block_bytes=16384, formula="min(2, ceil(len / 4))", format="compute",
+        rope_width=0, entry_bytes=2048, doc="C4 compressor state: two overlapped windows of kv "
+        "and gate-score rows; ring = state span 8 / rows_per_page 4"),
+    "csa_inner_state": PoolGroup("csa_inner_state", layers=(1, 3), rows_per_page=4, row_width=256,
+        dtype="float32", policy="ring", tokens_per_row=1, ring_pages=2, table_width=2,
+        page_bytes=4096, block_bytes=8192, formula="min(2, ceil(len / 4))", format="compute",
+        rope_width=0, entry_bytes=1024, doc="indexer compressor state: as csa_state at "
+        "index_head_dim; ring = state span 8 / rows_per_page 4"),
+}
+
+# Device-state slots per rank: one per running request (its MTP state, its sampling
+# state); slot REQUEST_SLOTS_PER_RANK (the last) is scratch for padded rows.
+REQUEST_SLOTS_PER_RANK = 16
+
+
+class MtpField(enum.IntEnum):
+    """Columns of the int64 MTP slot table."""
+
+    TAIL_TOKEN = 0
+    TAIL_POS = 1
+    COMMITTED = 2
+    GENERATION = 3
