@@ -305,3 +305,16 @@ def test_kv_cache_dtype_fp8_serves_the_specs_served_formats(capsys):
                  "--device-memory", "4GiB"]) == 2
     assert "spec reference stores its cache entries as computed and there is no " \
            "reference-fp8 spec" in capsys.readouterr().err
+
+
+def test_a_variant_spec_serves_the_checkpoint_of_the_spec_it_extends(tmp_path, monkeypatch):
+    """--spec tiny-bf16 or tiny-fp8 without --model serves models/tiny (the same
+    checkpoint computed or cached otherwise); a spec with its own folder takes it."""
+    from server.cli import spec_check
+
+    assert spec_check.default_model("tiny-bf16") == REPO / "models" / "tiny"
+    assert spec_check.default_model("tiny_fp8") == REPO / "models" / "tiny"
+    monkeypatch.setattr(spec_check, "REPO", tmp_path)
+    (tmp_path / "models" / "tiny-bf16").mkdir(parents=True)
+    assert spec_check.default_model("tiny-bf16") == tmp_path / "models" / "tiny-bf16"
+    assert spec_check.default_model("deepseek-v4-pro") == tmp_path / "models" / "deepseek-v4-pro"

@@ -13,8 +13,16 @@ REPO = Path(generated.__file__).resolve().parent.parent
 
 
 def default_model(spec: str) -> Path:
-    """models/<spec> in the repository: the checkpoint a spec serves by default."""
-    return REPO / "models" / spec.replace("_", "-")
+    """The checkpoint a spec serves by default: models/<spec> in the repository, or for
+    a variant of another spec (tiny-bf16, tiny-fp8: the same checkpoint computed or
+    cached otherwise) the checkpoint of the spec its name extends; models/<spec> when
+    there is none (loading then says it is missing)."""
+    name = spec.replace("_", "-")
+    for cut in range(name.count("-") + 1):
+        candidate = REPO / "models" / name.rsplit("-", cut)[0]
+        if candidate.is_dir():
+            return candidate
+    return REPO / "models" / name
 
 
 class StaleSpecError(ValueError):
