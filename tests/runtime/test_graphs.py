@@ -83,3 +83,22 @@ def test_processes_compile_a_graph_once_between_them(tmp_path):
     assert said[0][1] == said[1][1]                      # the same graph's result
     assert len(list(tmp_path.glob("graphs/*/scale-*.aot"))) == 1
     assert list(tmp_path.glob("inductor/*"))          # its C++ beside the artifacts
+
+
+def test_an_artifact_that_does_not_load_is_compiled_again(tmp_path, monkeypatch, caplog):
+    """A damaged or foreign artifact (another torch, a compiler that cannot rebuild its
+    C++) never stops a start: it is discarded and compiled again, or with `defer` run
+    eagerly until a compile saves it."""
+    monkeypatch.setenv("V4SERVE_CACHE_DIR", str(tmp_path))
+    want = scale(torch.arange(12.0).view(3, 4), torch.tensor(0.5))
+    _run(Graphs("compile"), 3)
+    (artifact,) = tmp_path.glob("graphs/*/scale-*.aot")
+    artifact.write_bytes(b"not a saved graph")
+    deferred = Graphs("compile", defer=True)
+    assert torch.allclose(_run(deferred, 3), want)             # eager meanwhile
+    assert deferred.pending() == 1 and not artifact.exists()
+    assert "does not load" in caplog.text
+    artifact.write_bytes(b"not a saved graph")
+    again = Graphs("compile")
+    assert torch.allclose(_run(again, 3), want)
+    assert again.compiled == {"scale"} and artifact.stat().st_size > 100

@@ -117,13 +117,14 @@ class Graphs:
         if self.mode == "trace":
             self._mark(dynamic)
             graph = torch.compile(fn, fullgraph=True, dynamic=None, backend="eager")
-        elif (path := self._path(key, signature)).exists():
-            graph = _load(path)
-        elif self.defer:
-            self.missing.add(signature)
-            return None
         else:
-            graph = self._compile_once(key, fn, args, dynamic, path)
+            path = self._path(key, signature)
+            graph = _load_or_discard(key, path)
+            if graph is None and self.defer:
+                self.missing.add(signature)
+                return None
+            if graph is None:
+                graph = self._compile_once(key, fn, args, dynamic, path)
         self._fns[signature] = graph
         self.seconds[key] = time.perf_counter() - start
         self.missing.discard(signature)
@@ -135,8 +136,8 @@ class Graphs:
         """Compile and save the graph, or load it if another process saved it while
         this one waited for the lock."""
         with _locked(path):
-            if path.exists():
-                return _load(path)
+            if (graph := _load_or_discard(key, path)) is not None:
+                return graph
             self._mark(dynamic)
             self.compiled.add(key)
             return self._compile(fn, args, path)
@@ -174,6 +175,22 @@ def _locked(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _load_or_discard(key: str, path: Path) -> Callable | None:
+    """The graph saved at `path`; None if there is none, or if it does not load (saved
+    by another torch or compiler, its C++ not rebuildable here, a damaged file): then it
+    is removed, so that it is compiled again, and the start goes on."""
+    if not path.exists():
+        return None
+    try:
+        return _load(path)
+    except Exception as exc:  # noqa: BLE001 - any failure to load means: compile again
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        log.warning("graph %s: its saved artifact %s does not load (%s); compiling it again",
+                    key, path.name, reason[:200])
+        path.unlink(missing_ok=True)
+        return None
 
 
 def _load(path: Path) -> Callable:
