@@ -164,7 +164,7 @@ def main() -> None:
         itemsize = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
         for n in levels:
             r = decode_row(eng, prompts(n, args.prompt_len, args.model), args.max_tokens)
-            faster = max((hf[d, n] for d in both), default=None)
+            faster = max(hf[d, n] for d in both) if hf else None
             ratio = f"{r['tok/s'] / faster:.2f}x" if faster else "-"
             line = f"| {dtype} | {n} | {r['tok/s']:.1f} | {ratio} | {r['step']:.2f} | " \
                    f"{r['kernel']:.2f} |"

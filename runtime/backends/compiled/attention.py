@@ -36,6 +36,7 @@ RATIO = {"csa": 4, "hca": 128}
 STATE_GROUP = {"csa": "csa_state", "hca": "hca_state"}
 ENTRY_GROUP = {"csa": "cmp_c4", "hca": "cmp_c128"}
 MANY_QUERIES = 8      # rows longer than this score the indexer a head at a time
+BAND = 32             # queries of a prefill tile that attend their window keys together
 ENTRY_TILES = INDEXER_TILES   # rows up to that score it every head at once, over E / 8
                               # entries at a time: [N, S, heads, E / 8] scores at most
 
@@ -68,9 +69,31 @@ def _heads(p: Weights, splits: dict[str, tuple[int, ...]], args: ModelArgs, kind
     if kind in RATIO:
         picked, picked_ok = _entries(p, args, kind, xp[2:], qrp[1:], rows, pools, inv_freq,
                                      entries)
-    out = _attend(q.view(n, s, args.n_heads, -1), keys, keys_ok, picked, picked_ok,
-                  p["attn.attn_sink"])
+    out = _banded(q.view(n, s, args.n_heads, -1), keys, keys_ok, picked, picked_ok,
+                  p["attn.attn_sink"], args.window)
     return apply_rope(out.view(n * s, args.n_heads, -1), pos, inv_freq, inverse=True)
+
+
+def _banded(q: torch.Tensor, keys: torch.Tensor, keys_ok: torch.Tensor,
+            entries: torch.Tensor | None, entries_ok: torch.Tensor | None,
+            sink: torch.Tensor, window: int) -> torch.Tensor:
+    """_attend over query blocks of BAND rows: block j's queries see only the window
+    keys [j * BAND, j * BAND + window - 1 + BAND) of the window - 1 + S, so a prefill
+    tile's query scores window - 1 + BAND keys, not window - 1 + S (the keys are slices,
+    never copies); a decode row (S <= BAND) is one block."""
+    s = q.shape[1]
+    if s <= BAND:
+        return _attend(q, keys, keys_ok, entries, entries_ok, sink)
+    span = window - 1 + BAND
+    blocks = []
+    for at in range(0, s, BAND):                       # S // BAND blocks: unrolled
+        rows = slice(at, at + BAND)
+        picked = None if entries is None else entries if entries.dim() == 3 \
+            else entries[:, rows]
+        blocks.append(_attend(q[:, rows], keys[:, at:at + span], keys_ok[:, rows, at:at + span],
+                              picked, None if entries_ok is None else entries_ok[:, rows],
+                              sink))
+    return torch.cat(blocks, dim=1)
 
 
 def _window(ori: Paged, rows: Rows, kv: torch.Tensor,
