@@ -22,6 +22,10 @@ MTP_SLOT_FIELDS = ("tail_token", "tail_pos", "committed", "generation")
 # in this many equal tiles: a spec's buckets are multiples of 4 x INDEXER_TILES.
 INDEXER_TILES = 8
 
+# A prefill tile's queries attend their window keys in bands of this many rows: a
+# query's logits span window - 1 + ATTENTION_BAND keys, not window - 1 + tile.
+ATTENTION_BAND = 32
+
 # Symbolic dimensions of an argument's shape, fixed when a launcher is built or launched.
 RANKS, BLOCKS, EXTENT = "ranks", "blocks", "extent"
 

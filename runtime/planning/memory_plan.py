@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from contract.abi import INDEXER_TILES
+from contract.abi import ATTENTION_BAND, INDEXER_TILES
 from contract.checkpoint_layout import (
     FP4_GROUP,
     FP8_BLOCK,
@@ -113,7 +113,9 @@ def workspace(spec: ModuleType, limits: Any, ranks: int | None = None) -> int:
                    a query reads (M: CSA index_topk; HCA every
                    entry of the bucket, bucket / 128), in parts
                    and concatenated (then masked and normalized
-                   in place); those entries, read and in float32  CSA P topk D (pool + 4)
+                   in place); a prefill tile's in bands of B =    2 N B H (window + B + M) 4
+                   ATTENTION_BAND rows, with the bands' outputs   + P H D dtype_bytes
+                   so far; those entries, read and in float32     CSA P topk D (pool + 4)
                                                                   HCA N E128 D (pool + 4)
         indexer    prefill: scores over every CSA entry (E4 =     2 P E4 4
                    bucket / 4), a head at a time, and each row's  N E4 index_dim (pool + 4)
@@ -167,20 +169,26 @@ class _Shape:
         kinds = {a.kind(layer) for layer in range(a.n_layers)}
         kept = p * (2 * a.hc_mult * a.dim + 3 * a.n_heads * a.head_dim) * 4
         moe = self.ranks * p * (a.dim + a.n_active * (a.dim + 5 * a.moe_inter)) * self.width
-        phases = [self._logits(p, 0), self.experts + moe]
+        band = (n, s) if s <= ATTENTION_BAND else (n, ATTENTION_BAND)
+        phases = [self._logits(band, p, 0), self.experts + moe]
         if "csa" in kinds:
             e4 = self.bucket // 4
             tile = e4 // INDEXER_TILES if decode else e4
             scores = p * (a.index_heads * tile + 2 * e4) if decode else 2 * p * e4
-            phases += [self._logits(p, a.index_topk) + p * a.index_topk * a.head_dim * read,
+            phases += [self._logits(band, p, a.index_topk)
+                       + p * a.index_topk * a.head_dim * read,
                        scores * 4 + n * tile * a.index_head_dim * read]
         if "hca" in kinds:
             e128 = self.bucket // 128
-            phases.append(self._logits(p, e128) + n * e128 * a.head_dim * read)
+            phases.append(self._logits(band, p, e128) + n * e128 * a.head_dim * read)
         return kept + max(phases)
 
-    def _logits(self, p: int, entries: int) -> int:
-        return 2 * p * self.a.n_heads * (self.window + entries) * 4
+    def _logits(self, band: tuple[int, int], p: int, entries: int) -> int:
+        """One band's logits (n rows of b queries over window - 1 + b keys and the
+        entries); a prefill tile's banded outputs so far."""
+        (n, b), a = band, self.a
+        logits = 2 * n * b * a.n_heads * (self.window + entries + (b if b < p // n else 0)) * 4
+        return logits + (p * a.n_heads * a.head_dim * self.width if b < p // n else 0)
 
 
 @dataclass(frozen=True)

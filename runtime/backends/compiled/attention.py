@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from contract.abi import INDEXER_TILES
+from contract.abi import ATTENTION_BAND, INDEXER_TILES
 from contract.model_args import ModelArgs
 from runtime.backends.compiled.compressor import compress
 from runtime.backends.compiled.paged import Paged
@@ -36,7 +36,7 @@ RATIO = {"csa": 4, "hca": 128}
 STATE_GROUP = {"csa": "csa_state", "hca": "hca_state"}
 ENTRY_GROUP = {"csa": "cmp_c4", "hca": "cmp_c128"}
 MANY_QUERIES = 8      # rows longer than this score the indexer a head at a time
-BAND = 32             # queries of a prefill tile that attend their window keys together
+BAND = ATTENTION_BAND  # queries of a prefill tile that attend their window keys together
 ENTRY_TILES = INDEXER_TILES   # rows up to that score it every head at once, over E / 8
                               # entries at a time: [N, S, heads, E / 8] scores at most
 
