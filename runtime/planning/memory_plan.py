@@ -169,26 +169,27 @@ class _Shape:
         kinds = {a.kind(layer) for layer in range(a.n_layers)}
         kept = p * (2 * a.hc_mult * a.dim + 3 * a.n_heads * a.head_dim) * 4
         moe = self.ranks * p * (a.dim + a.n_active * (a.dim + 5 * a.moe_inter)) * self.width
-        band = (n, s) if s <= ATTENTION_BAND else (n, ATTENTION_BAND)
-        phases = [self._logits(band, p, 0), self.experts + moe]
+        phases = [self._logits(n, s, 0), self.experts + moe]
         if "csa" in kinds:
             e4 = self.bucket // 4
             tile = e4 // INDEXER_TILES if decode else e4
             scores = p * (a.index_heads * tile + 2 * e4) if decode else 2 * p * e4
-            phases += [self._logits(band, p, a.index_topk)
-                       + p * a.index_topk * a.head_dim * read,
+            phases += [self._logits(n, s, a.index_topk) + p * a.index_topk * a.head_dim * read,
                        scores * 4 + n * tile * a.index_head_dim * read]
         if "hca" in kinds:
             e128 = self.bucket // 128
-            phases.append(self._logits(band, p, e128) + n * e128 * a.head_dim * read)
+            phases.append(self._logits(n, s, e128) + n * e128 * a.head_dim * read)
         return kept + max(phases)
 
-    def _logits(self, band: tuple[int, int], p: int, entries: int) -> int:
-        """One band's logits (n rows of b queries over window - 1 + b keys and the
-        entries); a prefill tile's banded outputs so far."""
-        (n, b), a = band, self.a
-        logits = 2 * n * b * a.n_heads * (self.window + entries + (b if b < p // n else 0)) * 4
-        return logits + (p * a.n_heads * a.head_dim * self.width if b < p // n else 0)
+    def _logits(self, n: int, s: int, entries: int) -> int:
+        """The attention logits of n rows of s queries over the window and `entries`;
+        rows longer than a band attend a band at a time (window - 1 + band keys), with
+        the bands' outputs so far."""
+        a = self.a
+        if s <= ATTENTION_BAND:
+            return 2 * n * s * a.n_heads * (self.window + entries) * 4
+        band = 2 * n * ATTENTION_BAND * a.n_heads * (self.window + ATTENTION_BAND + entries) * 4
+        return band + n * s * a.n_heads * a.head_dim * self.width
 
 
 @dataclass(frozen=True)
