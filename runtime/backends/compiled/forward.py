@@ -18,7 +18,7 @@ from contract.abi import PoolGroup
 from contract.model_args import ModelArgs
 from runtime.backends.compiled.attention import Weights, attention
 from runtime.backends.compiled.expert_parallel import ep_moe
-from runtime.backends.compiled.moe import routed
+from runtime.backends.compiled.moe import gathered, routed
 from runtime.backends.compiled.paged import Paged
 from runtime.backends.compiled.rows import Rows
 from runtime.model import quant
@@ -33,6 +33,9 @@ GROUPS_OF = {"sliding": ("ori",), "mtp": ("ori",),
              "hca": ("ori", "hca_state", "cmp_c128"),
              "csa": ("ori", "csa_state", "cmp_c4", "csa_inner_state", "idx")}
 
+# A call of at most this many tokens a row (decode) reads its routed experts per
+# (token, expert) pair on a CPU (moe.gathered); longer rows go through grouped matmuls.
+GATHER_TOKENS = 8
 
 # Projections that read the same input, fused into one matmul per input: the names of
 # the stacked weights of each kind, in stacking order.
@@ -152,6 +155,8 @@ def block(args: ModelArgs, kind: str, hashed: bool, groups: dict[str, PoolGroup]
     gate, up = linear(x, w, "fused.shared").split(splits["fused.shared"], dim=-1)
     if experts[0].shape[0] < args.n_experts:     # holds a share: rows travel to the ranks
         out = ep_moe(x, chosen, weights, *experts[:2], args.swiglu_limit, list(experts[2:]))
+    elif s <= GATHER_TOKENS and x.device.type == "cpu":
+        out = gathered(x, chosen, weights, experts, args.swiglu_limit)
     else:
         out = routed(x, chosen, weights, *experts[:2], args.swiglu_limit, *experts[2:])
     out = out + linear(F.silu(gate) * up, w, "ffn.shared_experts.w2.weight")

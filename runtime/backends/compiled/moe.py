@@ -77,6 +77,32 @@ def routed(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, w13: to
     return (back.view(t, k, -1).float() * weights[..., None]).sum(1).to(x.dtype)
 
 
+def gathered(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor,
+             held: tuple[torch.Tensor, ...], limit: float) -> torch.Tensor:
+    """routed() for the few tokens of a decode call on a CPU: each (token, expert) pair
+    reads its expert's matrices in place (a fused reduction over the weights, no grouped
+    matmul and no dispatch). It reads T*k experts where grouped matmuls read up to E: the
+    choice for decode, whose T*k is small, and where the grouped matmul's per-expert
+    loop costs more than the reads (on this path the graph makes no call outside it)."""
+    t, k = chosen.shape
+    flat = chosen.reshape(-1)                                              # [T*k]
+    rows = x.unsqueeze(1).expand(t, k, x.shape[-1]).reshape(t * k, 1, -1)  # [T*k, 1, dim]
+    inter = held[0].shape[1] // 2
+    gate_up = (rows * _chosen(held, 0, flat, rows.dtype)).sum(-1)        # [T*k, 2 * inter]
+    gate, up = gate_up.split(inter, dim=-1)
+    act = F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)
+    down = (act.unsqueeze(1) * _chosen(held, 1, flat, rows.dtype)).sum(-1)       # [T*k, dim]
+    return (down.view(t, k, -1).float() * weights[..., None]).sum(1).to(x.dtype)
+
+
+def _chosen(held: tuple[torch.Tensor, ...], which: int, flat: torch.Tensor,
+            dtype: torch.dtype) -> torch.Tensor:
+    """Stack `which` (0: w13, 1: w2) of the experts `flat` [P] -> [P, out, in] in dtype."""
+    if len(held) == 2:
+        return held[which][flat]
+    return quant.dequantize(held[which][flat], held[which + 2][flat], dtype)
+
+
 def experts_ffn(rows: torch.Tensor, held: tuple[torch.Tensor, ...], offs: torch.Tensor,
                 limit: float) -> torch.Tensor:
     """rows [M, dim] in expert runs ending at offs [E] (int32) through their experts'
