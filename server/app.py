@@ -547,9 +547,10 @@ def _tokenized(state: ServerState, req: TokenizeRequest) -> list[int]:
     """/tokenize's ids: the prompt's, or the chat prompt of the messages (and tools)."""
     if req.messages is not None:
         tools = [t.function.model_dump(exclude_none=True) for t in req.tools or []]
+        kwargs = chat.template_kwargs(req, state.chat_options)
         return chat.render(state.tokenizer, [m.as_dict() for m in req.messages],
-                           thinking=chat.thinking_of(req), effort=chat.effort_of(req),
-                           tools=tools, extra=req.chat_template_kwargs)
+                           thinking=chat.thinking_of(req, kwargs), effort=chat.effort_of(req),
+                           tools=tools, extra=kwargs)
     if req.prompt is not None:
         return state.tokenizer.encode(req.prompt)
     raise bad_request("give prompt or messages", "prompt")

@@ -16,19 +16,23 @@ request is in, and the constraint its output is sampled under:
                  required  the output is a JSON array of {name, parameters} calls
                  named     the output is the named function's arguments (JSON)
 
-A grammar constrains the output from its first token, so a constrained request (a
-response_format, guided_*, tool_choice required or named) is rendered without thinking.
+A thinking prompt's output is free reasoning first: a constraint (a response_format,
+guided_*, tool_choice required or named) applies from the end of the reasoning block, and
+a reasoning budget (`thinking_token_budget`, vLLM's name) forces that end after so many
+tokens of reasoning (runtime/text/grammar.Reasoning). Without a reasoning parser the
+reasoning would be read as the constrained content, so a constrained request is then
+rendered without thinking.
 """
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from runtime.text.grammar import StructuredOutputs
+from runtime.text.grammar import ANYTHING, Reasoning, StructuredOutputs
 from runtime.text.tokenizer import Tokenizer
 from server import v4_encoding
 from server.content_marks import ContentMarks, Segment
@@ -47,6 +51,7 @@ class ChatOptions:
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
+    default_chat_template_kwargs: dict | None = None    # a request's own override them
 
 
 @dataclass(frozen=True)
@@ -69,21 +74,45 @@ def plan(tokenizer: Tokenizer, req: ChatCompletionRequest, options: ChatOptions,
         raise bad_request("response_format and guided outputs cannot be combined with "
                           "tool_choice required or a named function", "response_format")
     structured = structured or asked
-    thinking = thinking_of(req) and structured is None
+    kwargs = template_kwargs(req, options)
+    thinking = thinking_of(req, kwargs)
+    if structured is not None and not options.reasoning_parser:
+        thinking = False        # the reasoning would be the constrained content's start
+    if thinking:
+        structured = _after_reasoning(tokenizer, structured, req.thinking_token_budget)
     tools = [t.function.model_dump(exclude_none=True) for t in req.tools or []] \
         if mode != "none" else []
     ids = render(tokenizer, [m.as_dict() for m in req.messages], thinking=thinking,
-                 effort=effort_of(req), tools=tools, extra=req.chat_template_kwargs,
-                 limit=limit)
+                 effort=effort_of(req), tools=tools, extra=kwargs, limit=limit)
     return ChatPlan(ids, thinking, mode, name, structured)
 
 
-def thinking_of(req) -> bool:
-    """Thinking as the request asks: the DeepSeek API's `thinking`, else
-    chat_template_kwargs `thinking` (or `enable_thinking`); off by default."""
+def _after_reasoning(tokenizer: Tokenizer, structured: StructuredOutputs | None,
+                     budget: int | None) -> StructuredOutputs | None:
+    """The output of a thinking prompt: free reasoning, then the constraint (vLLM's
+    reasoning-aware structured outputs); a reasoning budget alone constrains nothing
+    after the reasoning, and neither alone is no constraint at all."""
+    if structured is None and budget is None:
+        return None
+    reasoning = Reasoning(v4_encoding.END_THINK, tokenizer.token_id(v4_encoding.END_THINK),
+                          budget)
+    return replace(structured or StructuredOutputs(regex=ANYTHING), reasoning=reasoning)
+
+
+def template_kwargs(req, options: ChatOptions | None = None) -> dict:
+    """The chat template arguments of a request: the server's defaults
+    (--default-chat-template-kwargs) under the request's own chat_template_kwargs."""
+    defaults = options.default_chat_template_kwargs if options is not None else None
+    return {**(defaults or {}), **(req.chat_template_kwargs or {})}
+
+
+def thinking_of(req, kwargs: dict | None = None) -> bool:
+    """Thinking as the request asks: the DeepSeek API's `thinking`, else the template
+    arguments' `thinking` (or `enable_thinking`; `kwargs`, by default the request's
+    chat_template_kwargs); off by default."""
     if req.thinking is not None:
         return req.thinking.type == "enabled"
-    kwargs = req.chat_template_kwargs or {}
+    kwargs = req.chat_template_kwargs or {} if kwargs is None else kwargs
     value = kwargs.get("thinking", kwargs.get("enable_thinking", False))
     if not isinstance(value, bool):
         raise bad_request("chat_template_kwargs.thinking must be true or false",

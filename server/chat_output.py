@@ -36,6 +36,9 @@ class ChatOutput:
         self.parser = None
         if self.mode in ("auto", "none") and (self.reasoning or self.mode == "auto"):
             self.parser = V4OutputParser(reasoning=self.reasoning, tools=self.mode == "auto")
+        # named, required: the reasoning comes off first, the rest is the calls' text
+        self.thought = V4OutputParser(reasoning=True, tools=False) \
+            if self.reasoning and self.mode in ("named", "required") else None
         # appended to per feed, joined by message(): a feed costs O(its text)
         self._reasoning, self._content = GrowingText(), GrowingText()
         self._arguments = GrowingText()        # named: the one call's arguments
@@ -45,12 +48,7 @@ class ChatOutput:
     def feed(self, text: str, final: bool = False) -> dict:
         """The delta `text` makes; `final`: the output ended with it (release the rest)."""
         delta = self._feed(text)
-        if not final:
-            return delta
-        rest = self._finish()
-        for key, value in rest.items():
-            delta[key] = delta.get(key, type(value)()) + value
-        return delta
+        return _merged(delta, self._finish()) if final else delta
 
     @property
     def content(self) -> str:
@@ -61,6 +59,8 @@ class ChatOutput:
         return str(self._reasoning)
 
     def _feed(self, text: str) -> dict:
+        if self.thought is not None:
+            return self._after_thought(self.thought.feed(text))
         if self.mode == "named":
             return self._argument(text)
         if self.mode == "required":
@@ -70,11 +70,24 @@ class ChatOutput:
         return self._delta(self.parser.feed(text))
 
     def _finish(self) -> dict:
+        delta = {}
+        if self.thought is not None:
+            delta = self._after_thought(self.thought.finish(), final=True)
         if self.mode == "required":
-            return self._leftover()
+            return _merged(delta, self._leftover())
         if self.parser is None:
-            return {}
+            return delta
         return self._delta(self.parser.finish())
+
+    def _after_thought(self, parsed: Parsed, final: bool = False) -> dict:
+        """Named or required with reasoning: the reasoning's delta, then the delta of
+        the text after it as the mode reads it (a named call starts with that text)."""
+        delta = self._delta(Parsed(reasoning=parsed.reasoning))
+        if parsed.content or (final and self.mode == "named" and not self.calls):
+            text = parsed.content
+            delta = _merged(delta, self._argument(text) if self.mode == "named"
+                            else self._required(text))
+        return delta
 
     def message(self) -> dict:
         if self.mode == "named" and self.calls:          # its arguments, joined here
@@ -155,6 +168,13 @@ class ChatOutput:
 
 
 _DECODER = json.JSONDecoder()
+
+
+def _merged(delta: dict, more: dict) -> dict:
+    """Two deltas in order as one: text joined, tool-call fragments listed."""
+    for key, value in more.items():
+        delta[key] = delta.get(key, type(value)()) + value
+    return delta
 
 
 def _skip(text: str, at: int, chars: str) -> int:

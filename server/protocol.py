@@ -325,6 +325,7 @@ class ChatCompletionRequest(_Sampling):
     chat_template_kwargs: dict[str, Any] | None = None
     thinking: Thinking | None = None
     reasoning_effort: str | None = None
+    thinking_token_budget: int | None = Field(default=None, ge=0)   # reasoning tokens at most
 
     def param_name(self, field: str) -> str:
         if field == "logprobs":

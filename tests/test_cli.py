@@ -70,8 +70,24 @@ def test_serve_takes_vllms_flag_names():
     assert result.returncode == 0
     for flag in ("--model", "--host", "--port", "--served-model-name", "--api-key",
                  "--max-num-batched-tokens", "--long-prefill-token-threshold",
-                 "--max-model-len", "--max-num-seqs", "--num-speculative-tokens", "--spec"):
+                 "--max-model-len", "--max-num-seqs", "--num-speculative-tokens", "--spec",
+                 "--default-chat-template-kwargs"):
         assert flag in result.stdout
+
+
+@pytest.mark.parametrize("value, error", [
+    ('{"thinking": true}', None), ("{thinking}", "not JSON"), ("[1]", "a JSON object")])
+def test_default_chat_template_kwargs_must_be_a_json_object(capsys, value, error):
+    from server.cli import build_parser
+
+    parser = build_parser()
+    if error is None:
+        args = parser.parse_args(["serve", "--default-chat-template-kwargs", value])
+        assert args.default_chat_template_kwargs == {"thinking": True}
+        return
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--default-chat-template-kwargs", value])
+    assert error in capsys.readouterr().err
 
 
 @pytest.mark.slow

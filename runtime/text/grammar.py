@@ -13,6 +13,7 @@ Torch-free: masks are numpy arrays here; the runner moves them to the device.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -41,23 +42,65 @@ class GrammarError(ValueError):
 
 
 @dataclass(frozen=True)
+class Reasoning:
+    """Free reasoning before a constraint: any text up to the end-of-thinking marker, which
+    the model writes when it is done, or which is forced once `budget` tokens of reasoning
+    were generated. The marker is one token (`end_id`: a tokenizer's added token, which
+    llguidance reads as a special token) or, where the vocabulary has no such token, its
+    text; as one token, its text may not be spelled out inside the reasoning either."""
+
+    end: str = "</think>"
+    end_id: int | None = None
+    budget: int | None = None
+
+    def lark(self) -> str:
+        """The rules `start: think END answer` but for the answer's own grammar."""
+        options = [] if self.budget is None else [f"max_tokens={self.budget}"]
+        if self.end_id is not None:
+            marker = f"<[{self.end_id}]>"
+            body = f"/(?s:.*)/ & ~/(?s:.*){_regex_literal(self.end)}(?s:.*)/"
+        else:          # the text ends the free lexeme (`stop`) and is then written again
+            marker = json.dumps(self.end)
+            options.insert(0, f"stop={marker}")
+            body = "/(?s:.*)/"
+        head = f"think[{', '.join(options)}]" if options else "think"
+        return f"start: think {marker} @answer\n{head}: THINK\nTHINK: {body}\n"
+
+
+ANYTHING = "(?s:.*)"    # the regex of an unconstrained answer (a reasoning budget alone)
+
+
+@dataclass(frozen=True)
 class StructuredOutputs:
-    """What a request's output must match: exactly one field is set (vLLM's names)."""
+    """What a request's output must match: exactly one of the constraint fields is set
+    (vLLM's names); with `reasoning`, it applies after the reasoning block."""
 
     json: str | None = None                 # a JSON schema, as JSON text
     json_object: bool = False               # any JSON object
     regex: str | None = None
     choice: tuple[str, ...] | None = None   # exactly one of these strings
     grammar: str | None = None              # a Lark (llguidance) or GBNF grammar
+    reasoning: Reasoning | None = None
 
     def __post_init__(self) -> None:
-        given = [f.name for f in fields(self) if getattr(self, f.name) not in (None, False)]
+        given = [f.name for f in fields(self) if f.name != "reasoning"
+                 and getattr(self, f.name) not in (None, False)]
         if len(given) != 1:
             raise GrammarError("structured outputs take exactly one of json, json_object, "
                                f"regex, choice or grammar; got {given or 'none'}")
 
     def definition(self) -> str:
-        """The llguidance grammar text of this constraint (not yet checked)."""
+        """The llguidance grammar text of this constraint (not yet checked): with
+        reasoning, a Lark grammar of the reasoning whose answer is the constraint's
+        grammar, referenced by name."""
+        answer = self._answer()
+        if self.reasoning is None:
+            return answer
+        grammars = _grammars(answer)
+        grammars[0] = {**grammars[0], "name": "answer"}
+        return json.dumps({"grammars": [{"lark_grammar": self.reasoning.lark()}, *grammars]})
+
+    def _answer(self) -> str:
         if self.json is not None or self.json_object:
             schema = self.json if self.json is not None else ANY_OBJECT
             try:
@@ -231,6 +274,19 @@ class TokenMasks:
             follower.consumed, follower.mask = len(output), None
             _check(follower.matcher)
         return follower
+
+
+def _grammars(definition: str) -> list[dict]:
+    """The grammars of a definition: llguidance's JSON form, or Lark text (one grammar)."""
+    try:
+        return json.loads(definition)["grammars"]
+    except ValueError:
+        return [{"lark_grammar": definition}]
+
+
+def _regex_literal(text: str) -> str:
+    """`text` as a regex of itself, inside a Lark /.../ (its slashes escaped too)."""
+    return re.escape(text).replace("/", "\\/")
 
 
 def _check(matcher: llguidance.LLMatcher) -> None:

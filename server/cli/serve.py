@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import logging
 import os
 import socket
@@ -63,10 +64,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-auto-tool-choice", action="store_true",
                         help='let the model decide when to call tools (tool_choice "auto"; '
                              "needs --tool-call-parser) (default: off)")
+    parser.add_argument("--default-chat-template-kwargs", type=template_kwargs, default=None,
+                        metavar="JSON",
+                        help='chat template arguments every chat request starts from, as a '
+                             'JSON object, e.g. \'{"thinking": true}\'; a request\'s own '
+                             "chat_template_kwargs override them (default: none)")
     parser.add_argument("--no-engine-process", dest="engine_process", action="store_false",
                         help="run the engine in a thread of the server process instead of "
                              "an engine-core process of its own (slower; for debugging)")
     parser.set_defaults(func=run)
+
+
+def template_kwargs(text: str) -> dict:
+    """--default-chat-template-kwargs: a JSON object, or a usage error saying why not."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object is needed, not {text[:40]!r}")
+    return value
 
 
 def api_key(args: argparse.Namespace) -> str | None:
@@ -108,7 +125,7 @@ def make_server(args: argparse.Namespace):
         raise SystemExit("v4serve serve: --enable-auto-tool-choice needs --tool-call-parser")
     engine, spec, compiling = (_core(args) if args.engine_process else _in_process(args))
     options = ChatOptions(args.reasoning_parser, args.tool_call_parser,
-                          args.enable_auto_tool_choice)
+                          args.enable_auto_tool_choice, args.default_chat_template_kwargs)
     state = ServerState(engine, spec, args.served_model_name or spec.SPEC_NAME,
                         api_key=api_key(args), max_body_bytes=args.max_body_bytes,
                         max_n=args.max_n, max_prompts=args.max_prompts_per_request,

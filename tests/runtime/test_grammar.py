@@ -12,7 +12,13 @@ import torch
 from runtime.core.sampling_params import SamplingParams
 from runtime.sampling import batch_sampler
 from runtime.sampling.sampling_state import row_params
-from runtime.text.grammar import GrammarError, StructuredOutputs, TokenMasks, Vocabulary
+from runtime.text.grammar import (
+    GrammarError,
+    Reasoning,
+    StructuredOutputs,
+    TokenMasks,
+    Vocabulary,
+)
 from runtime.text.tokenizer import Tokenizer
 from tests.conftest import REPO
 
@@ -178,3 +184,68 @@ def test_after_the_grammar_ends_only_eos_and_drafts_change_nothing(vocabulary, t
     after = masks.draft_masks([request], [tokenizer.eos_id], tail)
     assert (after == tail).all()
 
+
+
+@pytest.fixture(scope="module")
+def v4_vocab(tmp_path_factory) -> tuple[Tokenizer, Vocabulary]:
+    """A V4-shaped vocabulary: "</think>" is one added token (llguidance reads it as a
+    special token)."""
+    from tests.server.v4_tokenizer import write_v4_tokenizer
+
+    directory = write_v4_tokenizer(tmp_path_factory.mktemp("v4"))
+    tok = Tokenizer(directory)
+    return tok, Vocabulary(tok.path, tok.vocab_size + 8, tok.eos_id)
+
+
+def _reasoning_cases(tokenizer, vocabulary, v4_vocab):
+    """(tokenizer, vocabulary, the end marker's token id or None) of both kinds."""
+    tok, voc = v4_vocab
+    return ((tokenizer, vocabulary, None), (tok, voc, tok.token_id("</think>")))
+
+
+@pytest.mark.parametrize("answer, constraint, refuses", [
+    ('{"ok": true}', {"json": json.dumps(SCHEMA)}, True),
+    ("yes", {"choice": ("yes", "no")}, True),
+    ("any text at all", {"regex": "(?s:.*)"}, False),
+])
+def test_reasoning_runs_free_then_the_constraint_holds(tokenizer, vocabulary, v4_vocab,
+                                                      answer, constraint, refuses):
+    for tok, voc, end_id in _reasoning_cases(tokenizer, vocabulary, v4_vocab):
+        so = StructuredOutputs(**constraint, reasoning=Reasoning("</think>", end_id, 40))
+        ids = tok.encode("Reasoning: 17 * 23 = 391.</think>" + answer,
+                         add_special_tokens=False)
+        matcher = voc.matcher(so)
+        assert all(matcher.consume_token(t) for t in ids), matcher.get_error()
+        assert matcher.is_accepting()
+        other = voc.matcher(so)         # after the reasoning, the constraint's own rules
+        bad = tok.encode("Hmm.</think>maybe", add_special_tokens=False)
+        taken = all(other.consume_token(t) for t in bad) and other.is_accepting()
+        assert taken is not refuses
+
+
+@pytest.mark.parametrize("budget", [0, 3])
+def test_a_spent_reasoning_budget_forces_the_end_of_thinking(tokenizer, vocabulary,
+                                                             v4_vocab, budget):
+    for tok, voc, end_id in _reasoning_cases(tokenizer, vocabulary, v4_vocab):
+        so = StructuredOutputs(json=json.dumps(SCHEMA),
+                               reasoning=Reasoning("</think>", end_id, budget))
+        matcher = voc.matcher(so)
+        for token in tok.encode("The user asks for a boolean", add_special_tokens=False)[:budget]:
+            assert matcher.consume_token(token)
+        forced = tok.decode(matcher.compute_ff_tokens(), skip_special_tokens=False)
+        assert forced.startswith("</think>")
+        for token in tok.encode("</think>" + '{"ok": false}', add_special_tokens=False):
+            assert matcher.consume_token(token), matcher.get_error()
+        assert matcher.is_accepting()
+
+
+def test_a_one_token_end_of_thinking_is_never_spelled_out_in_the_reasoning(v4_vocab):
+    tok, voc = v4_vocab
+    so = StructuredOutputs(regex="(?s:.*)", reasoning=Reasoning(
+        "</think>", tok.token_id("</think>"), None))
+    matcher = voc.matcher(so)
+    for token in tok.encode("Thinking </think", add_special_tokens=False):
+        assert matcher.consume_token(token)
+    mask = _allowed(voc, voc.bitmask(matcher))
+    assert tok.token_id("</think>") in mask
+    assert not any(tok.decode([t]).startswith(">") for t in mask)

@@ -7,9 +7,11 @@ import json
 import statistics
 
 import pytest
+from pydantic import ValidationError
 
 from runtime.engine.ids_snapshot import IdsSnapshot
 from runtime.engine.output_processor import RequestOutput
+from runtime.text.grammar import ANYTHING, Reasoning, StructuredOutputs
 from runtime.text.growing_text import CHUNK
 from runtime.text.tokenizer import Tokenizer
 from server import chat, v4_encoding
@@ -92,9 +94,10 @@ def test_tool_modes_and_their_constraints(v4):
     assert schema["minItems"] == schema["maxItems"] == 1
     assert [c["properties"]["name"]["enum"] for c in schema["items"]["anyOf"]] \
         == [["get_weather"], ["get_time"]]
-    # a constrained request is rendered without thinking: the grammar starts at once
+    # without a reasoning parser, a constrained request is rendered without thinking:
+    # the grammar starts at once
     assert not chat.plan(v4, _request(tools=[WEATHER], tool_choice="required",
-                                      thinking={"type": "enabled"}), PARSERS).thinking
+                                      thinking={"type": "enabled"}), ChatOptions()).thinking
     none = chat.plan(v4, _request(tools=[WEATHER], tool_choice="none"), ChatOptions())
     assert none.tool_mode == "none"
     assert "get_weather" not in v4.decode(none.prompt_ids, skip_special_tokens=False)
@@ -216,6 +219,33 @@ def test_required_calls_come_out_as_their_objects_close():
     assert len(message["tool_calls"]) == 1 and message["content"] == cut[cut.rindex('{"name"'):]
 
 
+@pytest.mark.parametrize("mode, answer", [
+    ("none", '{"name": "Ada"}'),
+    ("named", '{"city": "Paris"}'),
+    ("required", '[{"name": "get_weather", "parameters": {"city": "Paris"}}]'),
+])
+def test_reasoning_comes_off_before_a_constrained_answer(mode, answer):
+    """Reasoning-aware structured outputs: the reasoning goes to reasoning_content and
+    the text after it is read as the mode reads it, at every split point."""
+    plan = ChatPlan([], True, mode, "get_weather")
+    whole = _assert_stream_is_message(plan, PARSERS, "Paris, three days.</think>" + answer)
+    assert whole["reasoning_content"] == "Paris, three days."
+    if mode == "none":
+        assert whole["content"] == answer and "tool_calls" not in whole
+        return
+    assert whole["content"] is None
+    (call,) = whole["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+
+
+def test_a_named_call_cut_inside_its_reasoning_is_an_empty_call():
+    message, folded = _read(ChatPlan([], True, "named", "f"), PARSERS, ["still thinking"])
+    assert message["reasoning_content"] == "still thinking"
+    assert message["tool_calls"][0]["function"] == {"name": "f", "arguments": ""}
+    assert folded["tool_calls"][0]["name"] == "f"
+
+
 def test_a_call_nested_too_deep_to_parse_comes_back_as_content():
     deep = "[" * 50_000 + "]" * 50_000
     text = ('\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="x" '
@@ -248,3 +278,37 @@ def test_a_choice_takes_each_output_in_memory_that_does_not_grow_with_its_text(
     end = statistics.median(v for k, v in peaks.items() if k >= 19_800)
     assert end <= 2 * start + 4 * CHUNK and end < 16_000, (start, end)
     assert len(state.text) == 20_000 * len(piece)
+
+
+def test_a_thinking_constrained_request_reasons_first_then_meets_its_constraint(v4, tiny):
+    person = {"type": "json_schema", "json_schema": {"name": "p", "schema": {
+        "type": "object", "properties": {"name": {"type": "string"}}}}}
+    for tokenizer, end_id in ((v4, v4.token_id("</think>")), (tiny, None)):
+        plan = chat.plan(tokenizer, _request(response_format=person, thinking_token_budget=7,
+                                             thinking={"type": "enabled"}), PARSERS)
+        assert plan.thinking and plan.structured.json is not None
+        assert plan.structured.reasoning == Reasoning("</think>", end_id, 7)
+    required = chat.plan(v4, _request(tools=[WEATHER], tool_choice="required",
+                                      thinking={"type": "enabled"}), PARSERS)
+    assert required.thinking and required.structured.reasoning.budget is None
+
+
+def test_a_reasoning_budget_alone_constrains_only_the_reasoning(v4):
+    plan = chat.plan(v4, _request(thinking={"type": "enabled"}, thinking_token_budget=0),
+                     PARSERS)
+    assert plan.structured == StructuredOutputs(regex=ANYTHING, reasoning=Reasoning(
+        "</think>", v4.token_id("</think>"), 0))
+    assert chat.plan(v4, _request(thinking_token_budget=5), PARSERS).structured is None
+    with pytest.raises(ValidationError):
+        _request(thinking_token_budget=-1)
+
+
+@pytest.mark.parametrize("defaults, body, thinking", [
+    ({"thinking": True}, {}, True),
+    ({"thinking": True}, {"chat_template_kwargs": {"thinking": False}}, False),
+    ({"enable_thinking": True}, {"thinking": {"type": "disabled"}}, False),
+    ({}, {"chat_template_kwargs": {"thinking": True}}, True),
+])
+def test_default_chat_template_kwargs_sit_under_the_requests_own(v4, defaults, body, thinking):
+    options = ChatOptions("deepseek_v4", default_chat_template_kwargs=defaults)
+    assert chat.plan(v4, _request(**body), options).thinking is thinking

@@ -157,6 +157,39 @@ def test_thinking_output_goes_to_reasoning_content(client):
     assert message.content == "" and len(message.reasoning_content) > 0
 
 
+def test_reasoning_then_a_json_schema_answer_within_a_thinking_budget(client):
+    """Reasoning-aware structured outputs: the tiny model would think past any max_tokens;
+    thinking_token_budget ends its reasoning after 6 tokens, then the schema holds."""
+    kwargs = dict(response_format=PERSON_FORMAT, max_tokens=160, temperature=0,
+                  extra_body={"chat_template_kwargs": {"thinking": True},
+                              "thinking_token_budget": 6})
+    message = _ask(client, "Who is she?", **kwargs).choices[0].message
+    assert message.reasoning_content and "think>" not in message.reasoning_content
+    assert "think>" not in message.content
+    jsonschema.validate(json.loads(message.content), PERSON)
+    reasoning, text = "", ""
+    for chunk in _ask(client, "Who is she?", stream=True, **kwargs):
+        delta = chunk.choices[0].delta
+        reasoning += getattr(delta, "reasoning_content", None) or ""
+        text += delta.content or ""
+    assert (reasoning, text) == (message.reasoning_content, message.content)
+
+
+def test_a_named_call_after_reasoning(client):
+    kwargs = dict(tools=[WEATHER, CLOCK], tool_choice=NAMED, max_tokens=120, temperature=0,
+                  extra_body={"thinking": {"type": "enabled"}, "thinking_token_budget": 4})
+    choice = _ask(client, "Weather in Paris?", **kwargs).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.reasoning_content
+    (call,) = choice.message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+
+
+def test_a_negative_thinking_budget_is_a_400_naming_it(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        _ask(client, "Hi", max_tokens=4, extra_body={"thinking_token_budget": -1})
+    assert caught.value.body["param"] == "thinking_token_budget"
+
+
 def test_completions_take_response_format_and_guided_fields(client):
     obj = client.completions.create(model="tiny", prompt="data = ", max_tokens=60,
                                     temperature=0, extra_body={"response_format": {
