@@ -12,7 +12,9 @@ request is in, and the constraint its output is sampled under:
 
     tool_choice  none      tools are not shown; the output is text
                  auto      tools are shown; DSML calls in the output are parsed (needs
-                           --enable-auto-tool-choice and --tool-call-parser)
+                           --enable-auto-tool-choice and --tool-call-parser), and once
+                           the model opens a call block, the block is held to the tools
+                           (server/dsml_grammar.py); the text around it is free
                  required  the output is a JSON array of {name, parameters} calls
                  named     the output is the named function's arguments (JSON)
 
@@ -36,6 +38,7 @@ from runtime.text.grammar import ANYTHING, Reasoning, StructuredOutputs
 from runtime.text.tokenizer import Tokenizer
 from server import v4_encoding
 from server.content_marks import ContentMarks, Segment
+from server.dsml_grammar import DsmlGrammar
 from server.protocol import APIError, ChatCompletionRequest, bad_request
 
 FALLBACK = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
@@ -73,15 +76,20 @@ def plan(tokenizer: Tokenizer, req: ChatCompletionRequest, options: ChatOptions,
     if asked is not None and structured is not None:
         raise bad_request("response_format and guided outputs cannot be combined with "
                           "tool_choice required or a named function", "response_format")
+    tools = [t.function.model_dump(exclude_none=True) for t in req.tools or []] \
+        if mode != "none" else []
+    auto = mode == "auto" and asked is None
+    if auto:                                  # free text, and calls held to the tools
+        structured = StructuredOutputs(grammar=DsmlGrammar(
+            tools, tokenizer.token_id(v4_encoding.DSML),
+            parallel=req.parallel_tool_calls is not False).lark())
     structured = structured or asked
     kwargs = template_kwargs(req, options)
     thinking = thinking_of(req, kwargs)
-    if structured is not None and not options.reasoning_parser:
+    if structured is not None and not auto and not options.reasoning_parser:
         thinking = False        # the reasoning would be the constrained content's start
     if thinking:
         structured = _after_reasoning(tokenizer, structured, req.thinking_token_budget)
-    tools = [t.function.model_dump(exclude_none=True) for t in req.tools or []] \
-        if mode != "none" else []
     ids = render(tokenizer, [m.as_dict() for m in req.messages], thinking=thinking,
                  effort=effort_of(req), tools=tools, extra=kwargs, limit=limit)
     return ChatPlan(ids, thinking, mode, name, structured)

@@ -54,7 +54,10 @@ def test_a_v4_vocabulary_gets_the_v4_encoding(v4):
                               thinking=True, tools=[WEATHER])
     assert plan.prompt_ids == v4.encode(want, add_special_tokens=False)
     assert v4.decode(plan.prompt_ids, skip_special_tokens=False) == want
-    assert plan.thinking and plan.tool_mode == "auto" and plan.structured is None
+    assert plan.thinking and plan.tool_mode == "auto"
+    # auto mode: the reasoning, then free text whose call blocks are held to the tools
+    assert plan.structured.reasoning.end_id == v4.token_id("</think>")
+    assert 'invoke name=\\"get_weather\\">' in plan.structured.grammar
 
 
 def test_other_vocabularies_keep_their_chat_template(tiny):
