@@ -10,7 +10,8 @@ By the plan's tool mode:
     named     the text is the function's arguments, streamed as they come
     required  the text is a JSON array of calls, each released when its object closes
               (text left over that is not the array's end comes back as content)
-    auto      DSML calls are parsed out of the content (server/v4_output.py)
+    auto      DSML calls are parsed out of the content (server/v4_output.py), each
+              call's name first, then its arguments in fragments as they are read
     none      the text is content
 and the reasoning parser, when on and the prompt opened a thinking block, splits the
 reasoning off first.
@@ -43,6 +44,7 @@ class ChatOutput:
         self._reasoning, self._content = GrowingText(), GrowingText()
         self._arguments = GrowingText()        # named: the one call's arguments
         self.calls: list[dict] = []            # OpenAI tool calls (named: see message)
+        self._pieces: list[GrowingText] = []   # auto: each call's arguments as streamed
         self._unread = ""                      # required: the text past the last call
 
     def feed(self, text: str, final: bool = False) -> dict:
@@ -92,6 +94,9 @@ class ChatOutput:
     def message(self) -> dict:
         if self.mode == "named" and self.calls:          # its arguments, joined here
             self.calls[0]["function"]["arguments"] = str(self._arguments)
+        if self.mode == "auto":
+            for call, pieces in zip(self.calls, self._pieces):
+                call["function"]["arguments"] = str(pieces)
         content = self.content
         message = {"role": "assistant", "content": content if content or not self.calls
                    else None}
@@ -115,18 +120,26 @@ class ChatOutput:
         if parsed.content:
             self._content.append(parsed.content)
             delta["content"] = parsed.content
-        calls = [self._call(c.name, c.arguments) for c in parsed.tool_calls]
+        calls = [self._call(c.name, c.arguments) if c.name is not None
+                 else self._more(c.index, c.arguments) for c in parsed.tool_calls]
         if calls:
             delta["tool_calls"] = calls
         return delta
 
     def _call(self, name: str, arguments: str) -> dict:
-        """A new call, whole: its first (and only) fragment carries everything."""
+        """A new call: its first fragment carries its id, type and name."""
         call = {"id": call_id(), "type": "function",
                 "function": {"name": name, "arguments": arguments}}
         self.calls.append(call)
+        self._pieces.append(GrowingText())
+        self._pieces[-1].append(arguments)
         return {"index": len(self.calls) - 1, **call,
                 "function": dict(call["function"])}
+
+    def _more(self, index: int, arguments: str) -> dict:
+        """A later fragment of call `index`'s arguments (joined by message())."""
+        self._pieces[index].append(arguments)
+        return {"index": index, "function": {"arguments": arguments}}
 
     def _argument(self, text: str) -> dict:
         """The named function's arguments grow by text (its call's "arguments" is set

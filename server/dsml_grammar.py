@@ -11,8 +11,10 @@ of the block is the format's grammar (server/v4_output.Block) over the request's
 
 A tool's parameters come in the order its schema lists them, each at most once, the
 required ones always. A value is written as the released encoder writes it: a string as
-its raw text (string="true"), anything else as JSON (string="false") valid against the
-parameter's schema; a parameter whose schema admits both may take either. A tool without
+its raw text (string="true"; one of its enum's strings where the schema lists them, else
+any text: a string's other keywords are not enforced), anything else as JSON
+(string="false") valid against the parameter's schema; a parameter whose schema admits
+both may take either. A tool without
 a parameters schema takes any parameters (names the grammar allows, JSON or text values).
 
 "｜DSML｜" is one added token in a V4 vocabulary, which llguidance reads as a special
@@ -25,7 +27,10 @@ import json
 
 from server.v4_encoding import DSML
 
-SPACE = r"/[ \t\r\n]*/"          # what may stand between the tags of a block (the parser's)
+# between the tags of a block: the newlines the format writes (one; two in a call without
+# parameters). The parser takes any whitespace there; a constrained model free to add
+# whitespace can spend its whole budget on it.
+SPACE = r"/\n{0,2}/"
 NAME = r'/[^"<>\n]+/'            # a name ends at '"'; the others break the grammar
 TEXT_KIND = json.dumps('" string="true">')       # after a parameter's name: its value's kind
 JSON_KIND = json.dumps('" string="false">')
@@ -99,15 +104,18 @@ class DsmlGrammar:
         opening = self._mark("<", f'parameter name="{key}')
         kinds = []
         if _may_be_string(schema):
-            kinds.append(f"{TEXT_KIND} {self._text_value()}")
+            kinds.append(f"{TEXT_KIND} {self._text_value(_strings(schema))}")
         if _may_be_other(schema):
             value = json.dumps(schema if isinstance(schema, dict) else {})
             kinds.append(f"{JSON_KIND} %json {value} {self._close()}")
         return f"{opening} ({' | '.join(kinds)})"
 
-    def _text_value(self) -> str:
-        """A raw text value and the parameter's close: the shortest text that ends with the
-        close (lazy), or, with the token, text up to "</" and the token."""
+    def _text_value(self, choices: list[str] | None = None) -> str:
+        """A raw text value and the parameter's close: one of `choices` (a schema's string
+        enum) then the close, or any text: the shortest text that ends with the close
+        (lazy), or, with the token, text up to "</" and the token."""
+        if choices:
+            return f"({' | '.join(json.dumps(c) for c in choices)}) {self._close()}"
         if self.dsml_id is None:
             return "text_value"
         return f"/(?s:.*)<\\// <[{self.dsml_id}]> \"parameter>\""
@@ -143,6 +151,17 @@ def _types(schema) -> set[str] | None:
     if isinstance(kind, list):
         return {"string" if k == "string" else "other" for k in kind}
     return None
+
+
+def _strings(schema) -> list[str] | None:
+    """The strings a schema's enum or const allows, where those are all it allows."""
+    if not isinstance(schema, dict):
+        return None
+    values = schema["enum"] if isinstance(schema.get("enum"), list) else \
+        [schema["const"]] if "const" in schema else None
+    if values is None or not all(isinstance(v, str) for v in values):
+        return None
+    return values or None
 
 
 def _may_be_string(schema) -> bool:

@@ -3,14 +3,23 @@
 The parser is incremental. Its invariant: the concatenation of everything that feed() and
 finish() release depends only on the whole text, never on how it was split. To keep it, every
 decision is a function of the text read so far, and the only text held back is what is still
-undecided: a suffix that could grow into a delimiter, or a tool call not yet closed (a call
-is released whole). Each feed() costs time in the new text plus that held suffix.
+undecided: a suffix that could grow into a delimiter, or a part of a tool call that is not
+yet complete. Each feed() costs time in the new text plus that held suffix.
+
+Tool calls stream as they are read, in OpenAI's pieces: a call's first piece names it
+(once its name is complete), the pieces after it add to its JSON arguments: the opening
+and a text parameter's key as soon as its kind is read, the text value as it comes
+(JSON-escaped), a JSON value whole once its parameter closes, and the closing brace with
+the invoke's close. A call's pieces join to the arguments of the format's rule.
 
     [<think>] reasoning </think> content \\n\\n<｜DSML｜tool_calls>...</｜DSML｜tool_calls> more
 
 A tool-calls block that breaks the grammar is not a block: its raw text goes back to the
-section it began in (content after a call of the block was released) and reading goes on
-there, from the point where the grammar broke.
+section it began in (content once a call of the block was started) and reading goes on
+there, from the point where the grammar broke. A call it had started is closed as it
+stands (an open text value and its arguments closed, a JSON value not yet complete left
+out), and only the text since its last piece comes back. With the auto-mode grammar
+(server/dsml_grammar.py) a block can break only where the output is cut short.
 """
 from __future__ import annotations
 
@@ -36,10 +45,12 @@ NAME_STOP = re.compile(r'["<>\n]')   # a name ends at '"'; the others break the 
 
 
 @dataclass
-class ToolCall:
-    index: int        # 0, 1, ... in order of appearance within this output
-    name: str
-    arguments: str    # JSON text built by the format's rule
+class CallPiece:
+    """A piece of a streamed tool call."""
+
+    index: int               # the call's: 0, 1, ... in order of appearance in this output
+    name: str | None         # the first piece of a call names it; None on the others
+    arguments: str           # the next piece of its JSON arguments (the format's rule)
 
 
 @dataclass
@@ -48,7 +59,7 @@ class Parsed:
 
     reasoning: str = ""
     content: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_calls: list[CallPiece] = field(default_factory=list)
 
 
 class Section(enum.Enum):
@@ -120,23 +131,34 @@ class Block:
     def __init__(self, opening: str):
         self.step = Step.OPEN
         self.raw = [opening]
-        self.released = 0              # calls of this block released so far
+        self.released = 0              # calls of this block started so far
         self.name = ""                 # of the invoke being read
-        self.params: dict[str, str] = {}   # name -> the JSON text of its value
+        self.params: set[str] = set()  # of the invoke being read
+        self.written = 0               # of its parameters released
         self.key = ""                  # of the parameter being read
         self.is_string = False
-        self.pieces: list[str] = []    # of the name or value being read
+        self.open_string = False       # a text value's opening quote was released
+        self.pieces: list[str] = []    # of the name or JSON value being read
+        self.out: list[tuple[str | None, str]] = []     # (name or None, arguments) released
 
     def read(self, text: str, pos: int) -> tuple[int, Outcome]:
-        """Read from text[pos:]; the new position (everything before it is consumed)."""
+        """Read from text[pos:]; the new position (everything before it is consumed).
+        Text that released a piece of a call is the call's; the rest is kept as raw."""
+        released = len(self.out)
         end, outcome = self._read(text, pos)
-        if end > pos:
+        if len(self.out) > released:
+            self.raw = []
+        elif end > pos:
             self.raw.append(text[pos:end])
         return end, outcome
 
-    def arguments(self) -> str:
-        """The format's rule: string values JSON-quoted, the others copied raw."""
-        return "{" + ", ".join(f"{to_json(k)}: {v}" for k, v in self.params.items()) + "}"
+    def close(self) -> None:
+        """The block broke or was cut inside a started call: close it as it stands."""
+        if self.step in (Step.PARAMS, Step.PARAM_NAME, Step.PARAM_KIND, Step.VALUE):
+            self._arguments(('"' if self.open_string else "") + ("}" if self.written else "{}"))
+
+    def _arguments(self, piece: str) -> None:
+        self.out.append((None, piece))
 
     def _read(self, text: str, pos: int) -> tuple[int, Outcome]:
         step = self.step
@@ -169,18 +191,29 @@ class Block:
         return pos, Outcome.MORE if undecided else Outcome.BROKEN
 
     def _enter(self, literal: str, step: Step | None) -> Outcome:
-        """Act on a matched literal: closing a call releases it, opening one starts it."""
+        """Act on a matched literal: a name's end starts a call, a text value's kind
+        opens its key, an invoke's close closes the call."""
         if step is None:
             return Outcome.CLOSED
-        self.step = step
-        if literal == INVOKE_OPEN:
-            self.params = {}
-        if literal == INVOKE_CLOSE:
+        previous, self.step = self.step, step
+        if previous is Step.CALL_NAME_END:              # the call is started
+            self.params, self.written = set(), 0
             self.released += 1
+            self.out.append((self.name, ""))
+        if literal == INVOKE_CLOSE:
+            self._arguments("}" if self.written else "{}")
             return Outcome.CALL
         if step is Step.VALUE:
             self.is_string = literal == STRING_TRUE
+            if self.is_string:
+                self._arguments(self._key() + '"')
+                self.open_string = True
         return Outcome.MOVED
+
+    def _key(self) -> str:
+        """The next parameter's key in the arguments, with its separator."""
+        self.written += 1
+        return ("{" if self.written == 1 else ", ") + to_json(self.key) + ": "
 
     def _name(self, text: str, pos: int, then: Step) -> tuple[int, Outcome]:
         stop = NAME_STOP.search(text, pos)
@@ -195,6 +228,7 @@ class Block:
             if name in self.params:                    # a duplicate parameter
                 return end, Outcome.BROKEN
             self.key = name
+            self.params.add(name)
         else:
             self.name = name
         self.step = then
@@ -202,16 +236,23 @@ class Block:
 
     def _value(self, text: str, pos: int) -> tuple[int, Outcome]:
         close = text.find(PARAM_CLOSE, pos)
-        if close < 0:
-            end = len(text) - held(text, pos, (PARAM_CLOSE,))
+        end = close if close >= 0 else len(text) - held(text, pos, (PARAM_CLOSE,))
+        if self.is_string:
+            if end > pos:                               # streamed as it comes
+                self._arguments(to_json(text[pos:end])[1:-1])
+        else:
             self.pieces.append(text[pos:end])
+        if close < 0:
             return end, Outcome.MORE
-        self.pieces.append(text[pos:close])
-        value, self.pieces = "".join(self.pieces), []
         end = close + len(PARAM_CLOSE)
-        if not self.is_string and not json_value(value):
-            return end, Outcome.BROKEN
-        self.params[self.key] = to_json(value) if self.is_string else value
+        if self.is_string:
+            self._arguments('"')
+            self.open_string = False
+        else:
+            value, self.pieces = "".join(self.pieces), []
+            if not json_value(value):
+                return end, Outcome.BROKEN
+            self._arguments(self._key() + value)
         self.step = Step.PARAMS
         return end, Outcome.MOVED
 
@@ -309,18 +350,25 @@ class V4OutputParser:
     def _read_block(self) -> bool:
         block = self._block
         self._pos, outcome = block.read(self._text, self._pos)
-        if outcome is Outcome.CALL:
-            self._out.tool_calls.append(ToolCall(self._calls, block.name, block.arguments()))
-            self._calls += 1
-            block.raw = []
-        elif outcome is Outcome.CLOSED:
+        if outcome is Outcome.CLOSED:
             self._section, self._block = Section.CONTENT, None
         elif outcome is Outcome.BROKEN or (outcome is Outcome.MORE and self._final):
             self._unread(block)
+        self._release(block)
         return outcome is not Outcome.MORE or self._final
 
+    def _release(self, block: Block) -> None:
+        """The call pieces the block read, numbered across the output."""
+        for name, arguments in block.out:
+            if name is not None:
+                self._calls += 1
+            self._out.tool_calls.append(CallPiece(self._calls - 1, name, arguments))
+        block.out = []
+
     def _unread(self, block: Block) -> None:
-        """The block broke: its raw text (since the last released call) is text again."""
+        """The block broke: a call it started is closed, and its raw text (since the
+        last piece released) is text again."""
+        block.close()
         self._section = Section.CONTENT if block.released else self._origin
         self._emit(self._section, "".join(block.raw))
         self._block = None

@@ -249,12 +249,14 @@ def test_a_named_call_cut_inside_its_reasoning_is_an_empty_call():
     assert folded["tool_calls"][0]["name"] == "f"
 
 
-def test_a_call_nested_too_deep_to_parse_comes_back_as_content():
+def test_a_value_nested_too_deep_to_parse_comes_back_as_content():
     deep = "[" * 50_000 + "]" * 50_000
     text = ('\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="x" '
             f'string="false">{deep}</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>')
     message, _ = _read(ChatPlan([], False, "auto"), PARSERS, [text])
-    assert "tool_calls" not in message and deep in message["content"]
+    # the call had started (its name was read): it stays, without the value
+    assert [c["function"] for c in message["tool_calls"]] == [{"name": "f", "arguments": "{}"}]
+    assert deep in message["content"]
 
 
 # -- a long output: what a step adds to a choice costs the same at its end -----------------

@@ -82,6 +82,8 @@ def test_free_text_and_well_formed_calls_are_taken(vocab, text):
     _block(("get_weather", [_param("city", "Oslo"), _param("city", "Rome"),
                             _param("days", "2", False)])),             # a repeat
     "Unclosed" + _block(PARIS)[:-5],
+    _block(("get_weather", [_param("city", "Oslo"), _param("days", "2", False),
+                            _param("unit", "kelvin")])),                # not in the enum
 ])
 def test_a_call_the_tools_do_not_allow_is_refused(vocab, text):
     assert not _takes(vocab, text)

@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from server.cli.spec_check import default_model
+from server.dsml_grammar import DsmlGrammar
 from tests.server.support import ServerProcess
 
 pytestmark = pytest.mark.slow
@@ -138,6 +139,61 @@ def test_auto_tool_calls_are_parsed_out_of_the_text(client):
     assert (text, finish) == ("Checking.", "tool_calls")
     assert [(c["name"], c["arguments"]) for c in calls.values()] \
         == [("get_weather", call.function.arguments)]
+
+
+FORECAST = {"type": "function", "function": {
+    "name": "get_forecast", "parameters": {"type": "object", "properties": {
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+        "hourly": {"type": "boolean"}},
+        "required": ["days", "unit", "hourly"], "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("calls", [1, 2])
+def test_auto_tool_call_arguments_stream_in_fragments(client, calls):
+    """The tiny model does not open a call block by itself: a guided grammar makes it, the
+    auto-mode grammar of the tools told to start with a block of `calls` calls. The calls'
+    arguments stream in several fragments each and join to what the whole response says."""
+    tools = [FORECAST, CLOCK]
+    lark = DsmlGrammar([t["function"] for t in tools], None).lark()
+    lark = lark.replace("start: (head block)* TEXT",
+                        'start: "Checking.\\n\\n<｜DSML｜tool_calls" block')
+    lark = lark.replace("call)+", "call){" + str(calls) + "}")
+    kwargs = dict(tools=tools, max_tokens=600, temperature=0,
+                  extra_body={"guided_grammar": lark})
+    choice = _ask(client, "Forecast?", **kwargs).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content.startswith("Checking.")
+    assert len(choice.message.tool_calls) == calls
+    for call in choice.message.tool_calls:
+        tool = {"get_forecast": FORECAST, "get_time": CLOCK}[call.function.name]
+        jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+    text, fragments, finish = "", {}, None
+    for chunk in _ask(client, "Forecast?", stream=True, **kwargs):
+        delta = chunk.choices[0].delta
+        text += delta.content or ""
+        for call in delta.tool_calls or []:
+            fragments.setdefault(call.index, []).append(call)
+        finish = chunk.choices[0].finish_reason or finish
+    assert (text, finish) == (choice.message.content, "tool_calls")
+    for index, whole in enumerate(choice.message.tool_calls):
+        first, *rest = fragments[index]
+        assert first.id and first.function.name == whole.function.name
+        assert all(f.id is None and f.function.name is None for f in rest)
+        if whole.function.name == "get_forecast":
+            assert len(rest) >= 3                 # not one piece when the invoke closes
+        assert "".join(f.function.arguments or "" for f in fragments[index]) \
+            == whole.function.arguments
+
+
+def test_auto_mode_with_free_text_is_content(client):
+    """In auto mode the output is held to the tools' grammar only inside a call block: a
+    model that writes text gets its text."""
+    kwargs = dict(tools=[FORECAST, WEATHER], max_tokens=24, temperature=0)
+    choice = _ask(client, "Tell me a story.", **kwargs).choices[0]
+    assert choice.message.tool_calls is None and choice.message.content
+    assert "DSML" not in choice.message.content
+    text, calls, _ = _streamed(client, "Tell me a story.", **kwargs)
+    assert (text, calls) == (choice.message.content, {})
 
 
 def test_tokenize_shows_the_chat_prompt(server):

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from server.v4_encoding import encode
-from server.v4_output import Parsed, ToolCall, V4OutputParser
+from server.v4_output import CallPiece, Parsed, V4OutputParser
 
 DELIMITERS = ("<think>", "</think>", "｜DSML｜", "tool_calls>", "<｜DSML｜invoke",
               "</｜DSML｜invoke>", "<｜DSML｜parameter", "</｜DSML｜parameter>")
@@ -112,12 +112,30 @@ MALFORMED_BLOCKS = {
 for _name, _text in MALFORMED_BLOCKS.items():
     SCRIPTS[_name] = Script("Checking." + _text, content="Checking." + _text,
                             well_formed=False)
-# After a call was released, only the rest from the failing invoke comes back.
+
+
+def _started(name: str, calls: list, rest: str) -> None:
+    """A malformed block whose call had started: the call stays, closed as it stands, and
+    the text from `rest` on (what was read since its last piece) comes back."""
+    text = MALFORMED_BLOCKS[name]
+    SCRIPTS[name] = Script("Checking." + text, content="Checking." + text[text.rindex(rest):],
+                           calls=calls, well_formed=False)
+
+
+_started("a duplicate parameter", [("f", {"a": "1"})],
+         '\n<｜DSML｜parameter name="a" string="true">2')
+_started("a bad string attribute", [("f", {})], "\n<｜DSML｜parameter")
+_started("a value that is not JSON", [("f", {})], "\n<｜DSML｜parameter")
+_started("NaN is not JSON", [("f", {})], "\n<｜DSML｜parameter")
+_started("an unterminated value", [("f", {"a": "long value "})], "</")
+_started("an unterminated invoke", [WEATHER_CALL], "\n")
+# After a call was released, only the rest from the failing parameter comes back.
 _SECOND = '<｜DSML｜invoke name="g">\n<｜DSML｜parameter name="a" string="maybe">1' \
           "</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>"
 SCRIPTS["a broken second call"] = Script(
     "A" + WEATHER_BLOCK[:-len("</｜DSML｜tool_calls>")] + _SECOND,
-    content="A\n" + _SECOND, calls=[WEATHER_CALL], well_formed=False)
+    content="A" + _SECOND[_SECOND.index("\n"):], calls=[WEATHER_CALL, ("g", {})],
+    well_formed=False)
 SCRIPTS["text between calls"] = Script(
     "A" + WEATHER_BLOCK[:-len("</｜DSML｜tool_calls>")] + "oops</｜DSML｜tool_calls>",
     content="A\noops</｜DSML｜tool_calls>", calls=[WEATHER_CALL], well_formed=False)
@@ -132,11 +150,26 @@ SCRIPTS["a broken block in the reasoning"] = Script(
 
 
 def run(script: Script, pieces: list[str]) -> Parsed:
-    """Feed the pieces, finish, and concatenate everything released."""
+    """Feed the pieces, finish, and concatenate everything released (each call's pieces
+    joined into one)."""
     parser = V4OutputParser(reasoning=script.thinking, tools=script.tools)
     outs = [parser.feed(piece) for piece in pieces] + [parser.finish()]
     return Parsed("".join(o.reasoning for o in outs), "".join(o.content for o in outs),
-                  [c for o in outs for c in o.tool_calls])
+                  joined([c for o in outs for c in o.tool_calls]))
+
+
+def joined(pieces: list[CallPiece]) -> list[CallPiece]:
+    """Each call's pieces as one: the first names the call, the others continue the call
+    last named."""
+    calls: list[CallPiece] = []
+    for piece in pieces:
+        if piece.name is not None:
+            assert piece.index == len(calls)
+            calls.append(CallPiece(piece.index, piece.name, piece.arguments))
+        else:
+            assert calls and piece.index == len(calls) - 1
+            calls[-1].arguments += piece.arguments
+    return calls
 
 
 def whole(name: str) -> Parsed:
@@ -170,7 +203,7 @@ def test_no_delimiter_reaches_the_output(name):
 
 def test_arguments_follow_the_formats_rule():
     calls = whole("content and two tricky calls").tool_calls
-    assert calls[1] == ToolCall(1, "search", '{"query": "what is <b>bold</b>?", "limit": 10}')
+    assert calls[1] == CallPiece(1, "search", '{"query": "what is <b>bold</b>?", "limit": 10}')
     assert "ü" in calls[0].arguments and '"count": 3' in calls[0].arguments
     assert whole("a call with no parameters, compact").tool_calls[0].arguments == "{}"
     assert whole("content between blocks").tool_calls[1].arguments == "{}"
@@ -185,8 +218,11 @@ def test_only_a_possible_delimiter_start_is_held_back():
     assert parser.feed(" there\n") == Parsed(content=" there")
     assert parser.feed("\n<") == Parsed()
     assert parser.feed("b>") == Parsed(content="\n\n<b>")
-    assert parser.feed("x\n\n<｜DSML｜tool_calls>\n" + WEATHER[:-2]) == Parsed(content="x")
-    assert parser.feed(">") == Parsed(tool_calls=[ToolCall(0, "get_weather", '{"city": "Paris"}')])
+    assert parser.feed("x\n\n<｜DSML｜tool_calls>\n" + WEATHER[:-2]) == Parsed(
+        content="x", tool_calls=[CallPiece(0, "get_weather", ""),
+                                 CallPiece(0, None, '{"city": "'), CallPiece(0, None, "Paris"),
+                                 CallPiece(0, None, '"')])
+    assert parser.feed(">") == Parsed(tool_calls=[CallPiece(0, None, "}")])
     assert parser.feed("\n</｜DSML｜tool_calls>tail") == Parsed(content="tail")
     assert parser.finish() == Parsed()
 
@@ -258,3 +294,21 @@ def test_random_outputs_parse_the_same_however_split():
         pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
         assert run(script, pieces) == whole, (text, pieces)
         assert run(script, list(text)) == whole, text
+
+
+def test_a_calls_arguments_stream_as_the_model_writes_them():
+    """Fed a token at a time, a call is named once its name is complete, a text value
+    streams with the text, a JSON value comes whole, and nothing waits for the invoke."""
+    parser = V4OutputParser(reasoning=False, tools=True)
+    seen: list[tuple[int, CallPiece]] = []        # (characters fed, piece)
+    text = "x" + block(WRITE)
+    for at, char in enumerate(text):
+        seen += [(at, p) for p in parser.feed(char).tool_calls]
+    seen += [(len(text), p) for p in parser.finish().tool_calls]
+    assert seen[0][1] == CallPiece(0, "write_file", "")
+    assert seen[0][0] == text.index('">') + 1
+    body = [p.arguments for at, p in seen if at < text.index(BODY) + len(BODY)]
+    assert len(body) > len(BODY) // 2          # the text value, a few characters at a time
+    closes = text.index("</｜DSML｜invoke>")
+    assert [p.arguments for at, p in seen if at >= closes] == ["}"]
+    assert json.loads("".join(p.arguments for _, p in seen))["body"] == BODY
