@@ -317,3 +317,21 @@ def test_a_reasoning_budget_alone_constrains_only_the_reasoning(v4):
 def test_default_chat_template_kwargs_sit_under_the_requests_own(v4, defaults, body, thinking):
     options = ChatOptions("deepseek_v4", default_chat_template_kwargs=defaults)
     assert chat.plan(v4, _request(**body), options).thinking is thinking
+
+
+def test_an_agent_loops_reasoning_reaches_the_prompt_through_the_request(v4):
+    """A conversation with tools, an earlier call, its result and a new question, as a
+    client sends it: every assistant turn's reasoning_content is in the prompt."""
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "reasoning_content": "Call the tool.",
+         "tool_calls": [{"id": "c1", "type": "function", "function": {
+             "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sun"},
+        {"role": "assistant", "content": "Sunny.", "reasoning_content": "It is sunny."},
+        {"role": "user", "content": "And tomorrow?"}]
+    plan = chat.plan(v4, _request(messages=messages, tools=[WEATHER],
+                                  thinking={"type": "enabled"}), PARSERS)
+    prompt = v4.decode(plan.prompt_ids, skip_special_tokens=False)
+    assert "<think>Call the tool.</think>" in prompt and "<think>It is sunny.</think>" in prompt
+    assert "<tool_result>sun</tool_result>" in prompt and prompt.endswith("<think>")

@@ -163,6 +163,35 @@ def test_tool_calls_and_their_results_in_thinking_mode():
         + "</think>" + TWO_CALLS_DSML + EOS + RESULTS + A + "<think>")
 
 
+ONE_CALL = [call("call_1", "get_weather", '{"city": "Paris"}')]
+ONE_CALL_DSML = (
+    "\n\n<｜DSML｜tool_calls>\n"
+    '<｜DSML｜invoke name="get_weather">\n'
+    '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n'
+    "</｜DSML｜invoke>\n"
+    "</｜DSML｜tool_calls>")
+# An agent loop: reasoning, a call, its result, more reasoning and an answer, a new question.
+AGENT_LOOP = [user("Weather?"), assistant(None, "R1", ONE_CALL), tool("call_1", "sun"),
+              assistant("Sunny.", "R2")]
+
+
+def test_without_tools_a_tool_result_is_a_user_turn_that_drops_earlier_reasoning():
+    """drop_thinking as the release applies it: only reasoning after the last user turn
+    is written, and a tool result is rendered as a user turn."""
+    got = encode([*AGENT_LOOP, user("And tomorrow?")], thinking=True)
+    assert got == (BOS + U + "Weather?" + A + "</think>" + ONE_CALL_DSML + EOS
+                   + U + "<tool_result>sun</tool_result>" + A + "</think>Sunny." + EOS
+                   + U + "And tomorrow?" + A + "<think>")
+
+
+def test_with_tools_an_agent_loops_reasoning_is_kept_after_the_next_user_turn():
+    """Tools anywhere turn drop_thinking off: every turn keeps its reasoning."""
+    got = encode([*AGENT_LOOP, user("And tomorrow?")], thinking=True, tools=[WEATHER])
+    assert got == (BOS + WEATHER_TOOLS + U + "Weather?" + A + "<think>R1</think>"
+                   + ONE_CALL_DSML + EOS + U + "<tool_result>sun</tool_result>" + A
+                   + "<think>R2</think>Sunny." + EOS + U + "And tomorrow?" + A + "<think>")
+
+
 def test_an_assistant_with_content_and_a_call():
     calls = [call("c", "say", '{"text": "He said \\"hi\\" <b>ü</b>", "n": [1, "ü"], '
                               '"ok": true, "none": null}')]
