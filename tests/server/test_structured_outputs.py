@@ -285,3 +285,21 @@ def test_a_bad_constraint_is_a_400_naming_its_field(client, body, param):
         assert err.value.body["param"] == param
     still = _ask(client, "still here?", max_tokens=2, extra_body={"ignore_eos": True})
     assert still.choices[0].finish_reason == "length"
+
+
+def test_the_readme_agent_loop_runs(server):
+    """The README's tool-calling loop, as written, against this server: it calls the tool,
+    sends the result and gets an answer."""
+    from tests.conftest import REPO
+
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("### Agents: a tool-calling loop"):]
+    code = section[section.index("```python") + len("```python"):]
+    code = code[:code.index("```")].replace("http://127.0.0.1:8000", server.url)
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)           # noqa: S102 - our own README
+    messages = scope["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
+    call = messages[1]["tool_calls"][0]
+    assert call["function"]["name"] == "get_weather"
+    assert set(json.loads(call["function"]["arguments"])) == {"city", "days"}
