@@ -18,8 +18,11 @@ A tool-calls block that breaks the grammar is not a block: its raw text goes bac
 section it began in (content once a call of the block was started) and reading goes on
 there, from the point where the grammar broke. A call it had started is closed as it
 stands (an open text value and its arguments closed, a JSON value not yet complete left
-out), and only the text since its last piece comes back. With the auto-mode grammar
-(server/dsml_grammar.py) a block can break only where the output is cut short.
+out), and only the text since its last piece comes back. An output that ends inside a
+block whose call had started (cut by max_tokens) leaves no markup behind: a call being
+read is closed, a text value without the suffix held back as a possible start of its
+close. With the auto-mode grammar
+(server/dsml_grammar.py) a block can only be cut, never broken.
 """
 from __future__ import annotations
 
@@ -152,10 +155,15 @@ class Block:
             self.raw.append(text[pos:end])
         return end, outcome
 
+    def in_call(self) -> bool:
+        """Whether the reader is inside a started call."""
+        return self.step in (Step.PARAMS, Step.PARAM_NAME, Step.PARAM_KIND, Step.VALUE)
+
     def close(self) -> None:
-        """The block broke or was cut inside a started call: close it as it stands."""
-        if self.step in (Step.PARAMS, Step.PARAM_NAME, Step.PARAM_KIND, Step.VALUE):
+        """The block broke or ended inside a started call: close the call as it stands."""
+        if self.in_call():
             self._arguments(('"' if self.open_string else "") + ("}" if self.written else "{}"))
+
 
     def _arguments(self, piece: str) -> None:
         self.out.append((None, piece))
@@ -352,8 +360,10 @@ class V4OutputParser:
         self._pos, outcome = block.read(self._text, self._pos)
         if outcome is Outcome.CLOSED:
             self._section, self._block = Section.CONTENT, None
-        elif outcome is Outcome.BROKEN or (outcome is Outcome.MORE and self._final):
+        elif outcome is Outcome.BROKEN:
             self._unread(block)
+        elif outcome is Outcome.MORE and self._final:
+            self._cut(block)
         self._release(block)
         return outcome is not Outcome.MORE or self._final
 
@@ -372,6 +382,17 @@ class V4OutputParser:
         self._section = Section.CONTENT if block.released else self._origin
         self._emit(self._section, "".join(block.raw))
         self._block = None
+
+    def _cut(self, block: Block) -> None:
+        """The output ended inside the block. Once a call of the block was started, the
+        block is markup: a call being read is closed and nothing else is left over;
+        before, the block is read as broken (it may have been text)."""
+        if not block.released:
+            self._unread(block)
+            return
+        block.close()                  # the text held back could only begin markup
+        self._pos = len(self._text)
+        self._section, self._block = Section.CONTENT, None
 
     def _emit(self, section: Section, text: str) -> None:
         if section is Section.CONTENT:

@@ -145,8 +145,13 @@ FORECAST = {"type": "function", "function": {
     "name": "get_forecast", "parameters": {"type": "object", "properties": {
         "days": {"type": "integer", "minimum": 1, "maximum": 7},
         "unit": {"enum": ["celsius", "fahrenheit"]},
-        "hourly": {"type": "boolean"}},
-        "required": ["days", "unit", "hourly"], "additionalProperties": False}}}
+        "hourly": {"type": "boolean"},
+        "span": {"type": "object", "properties": {
+            "from": {"type": "integer", "minimum": 0, "maximum": 23},
+            "hours": {"type": "array", "items": {"type": "integer", "minimum": 0,
+                                                 "maximum": 9}, "maxItems": 2}},
+            "required": ["from", "hours"], "additionalProperties": False}},
+        "required": ["days", "unit", "hourly", "span"], "additionalProperties": False}}}
 
 
 @pytest.mark.parametrize("calls", [1, 2])
@@ -159,10 +164,10 @@ def test_auto_tool_call_arguments_stream_in_fragments(client, calls):
     lark = lark.replace("start: (head block)* TEXT",
                         'start: "Checking.\\n\\n<｜DSML｜tool_calls" block')
     lark = lark.replace("call)+", "call){" + str(calls) + "}")
-    kwargs = dict(tools=tools, max_tokens=600, temperature=0,
+    kwargs = dict(tools=tools, max_tokens=800, temperature=0.8, seed=7,
                   extra_body={"guided_grammar": lark})
     choice = _ask(client, "Forecast?", **kwargs).choices[0]
-    assert choice.finish_reason == "tool_calls" and choice.message.content.startswith("Checking.")
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking."
     assert len(choice.message.tool_calls) == calls
     for call in choice.message.tool_calls:
         tool = {"get_forecast": FORECAST, "get_time": CLOCK}[call.function.name]

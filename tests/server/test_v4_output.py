@@ -127,8 +127,13 @@ _started("a duplicate parameter", [("f", {"a": "1"})],
 _started("a bad string attribute", [("f", {})], "\n<｜DSML｜parameter")
 _started("a value that is not JSON", [("f", {})], "\n<｜DSML｜parameter")
 _started("NaN is not JSON", [("f", {})], "\n<｜DSML｜parameter")
-_started("an unterminated value", [("f", {"a": "long value "})], "</")
-_started("an unterminated invoke", [WEATHER_CALL], "\n")
+# cut short inside a started call: the call keeps what is left, no markup comes back
+SCRIPTS["an unterminated value"] = Script(
+    "Checking." + MALFORMED_BLOCKS["an unterminated value"], content="Checking.",
+    calls=[("f", {"a": "long value "})])
+SCRIPTS["an unterminated invoke"] = Script(
+    "Checking." + MALFORMED_BLOCKS["an unterminated invoke"], content="Checking.",
+    calls=[WEATHER_CALL])
 # After a call was released, only the rest from the failing parameter comes back.
 _SECOND = '<｜DSML｜invoke name="g">\n<｜DSML｜parameter name="a" string="maybe">1' \
           "</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>"
@@ -139,9 +144,8 @@ SCRIPTS["a broken second call"] = Script(
 SCRIPTS["text between calls"] = Script(
     "A" + WEATHER_BLOCK[:-len("</｜DSML｜tool_calls>")] + "oops</｜DSML｜tool_calls>",
     content="A\noops</｜DSML｜tool_calls>", calls=[WEATHER_CALL], well_formed=False)
-SCRIPTS["a block left open after a call"] = Script(
-    "A" + WEATHER_BLOCK[:-len("</｜DSML｜tool_calls>")], content="A\n",
-    calls=[WEATHER_CALL], well_formed=False)
+SCRIPTS["a block left open after a call"] = Script(      # cut short: no markup back
+    "A" + WEATHER_BLOCK[:-len("</｜DSML｜tool_calls>")], content="A", calls=[WEATHER_CALL])
 # A broken block that began in the reasoning goes back to the reasoning.
 SCRIPTS["a broken block in the reasoning"] = Script(
     "think\n\n<｜DSML｜tool_calls>junk</think>answer",
@@ -312,3 +316,17 @@ def test_a_calls_arguments_stream_as_the_model_writes_them():
     closes = text.index("</｜DSML｜invoke>")
     assert [p.arguments for at, p in seen if at >= closes] == ["}"]
     assert json.loads("".join(p.arguments for _, p in seen))["body"] == BODY
+
+
+def test_an_output_cut_anywhere_inside_a_started_call_leaves_no_markup():
+    """max_tokens can end an output at any point of a call: once its name is read, the cut
+    leaves the call (closed, its arguments JSON) and no markup in the content."""
+    text = "Sure." + block(WRITE)
+    named = text.index('">') + 2
+    for cut in range(named, len(text) + 1):
+        got = run(Script(text[:cut]), [text[:cut]])
+        assert got.content == "Sure." and len(got.tool_calls) == 1, cut
+        assert got.tool_calls[0].name == "write_file"
+        arguments = json.loads(got.tool_calls[0].arguments)
+        assert not [d for d in DELIMITERS if d in json.dumps(arguments, ensure_ascii=False)
+                    and d not in BODY], cut
