@@ -230,6 +230,17 @@ def test_the_launch_check_catches_a_decode_on_the_all_to_all_moe(fake_eight, mon
         launcher.launch(**given)
 
 
+def _packed_experts(gen: torch.Generator, experts: int, inter: int,
+                    dim: int) -> tuple[torch.Tensor, ...]:
+    """Random experts as a checkpoint holds them: packed FP4 w13 and w2, e8m0 scales."""
+    def draw(low: int, high: int, *shape: int) -> torch.Tensor:
+        return torch.randint(low, high, shape, generator=gen, dtype=torch.uint8)
+
+    return (draw(0, 256, experts, 2 * inter, dim // 2), draw(0, 256, experts, dim, inter // 2),
+            draw(124, 130, experts, 2 * inter, dim // 32),
+            draw(124, 130, experts, dim, inter // 32))
+
+
 def test_packed_fp4_experts_give_what_their_dequantized_stacks_give():
     """The expert-parallel MoE takes the experts as held (packed FP4 and e8m0 scales) and
     dequantizes a third of them at a time: the whole stacks never exist at once."""
@@ -237,14 +248,7 @@ def test_packed_fp4_experts_give_what_their_dequantized_stacks_give():
 
     gen = torch.Generator().manual_seed(0)
     experts, inter, dim, rows, top = 4, 32, 64, 5, 2
-    held = (torch.randint(0, 256, (experts, 2 * inter, dim // 2), generator=gen,
-                          dtype=torch.uint8),
-            torch.randint(0, 256, (experts, dim, inter // 2), generator=gen,
-                          dtype=torch.uint8),
-            torch.randint(124, 130, (experts, 2 * inter, dim // 32), generator=gen,
-                          dtype=torch.uint8),
-            torch.randint(124, 130, (experts, dim, inter // 32), generator=gen,
-                          dtype=torch.uint8))
+    held = _packed_experts(gen, experts, inter, dim)
     x = torch.randn(rows, dim, generator=gen)
     chosen = torch.stack([torch.randperm(experts, generator=gen)[:top] for _ in range(rows)])
     weights = torch.rand(rows, top, generator=gen)
@@ -271,14 +275,7 @@ def test_the_decode_moe_reads_each_pairs_experts_in_place():
                                routed(x, chosen, weights, w13, w2, 10.0), rtol=1e-5, atol=1e-5)
     gen = torch.Generator().manual_seed(1)
     experts, inter, dim = 4, 32, 64
-    held = (torch.randint(0, 256, (experts, 2 * inter, dim // 2), generator=gen,
-                          dtype=torch.uint8),
-            torch.randint(0, 256, (experts, dim, inter // 2), generator=gen,
-                          dtype=torch.uint8),
-            torch.randint(124, 130, (experts, 2 * inter, dim // 32), generator=gen,
-                          dtype=torch.uint8),
-            torch.randint(124, 130, (experts, dim, inter // 32), generator=gen,
-                          dtype=torch.uint8))
+    held = _packed_experts(gen, experts, inter, dim)
     x = torch.randn(3, dim, generator=gen)
     chosen = torch.tensor([[0, 3], [3, 1], [2, 0]])
     weights = torch.rand(3, 2, generator=gen)
