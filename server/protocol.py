@@ -325,7 +325,8 @@ class ChatCompletionRequest(_Sampling):
     chat_template_kwargs: dict[str, Any] | None = None
     thinking: Thinking | None = None
     reasoning_effort: str | None = None
-    thinking_token_budget: int | None = Field(default=None, ge=0)   # reasoning tokens at most
+    # reasoning tokens at most (a grammar's token limit: a 32-bit count is plenty)
+    thinking_token_budget: int | None = Field(default=None, ge=0, le=2**31 - 1)
 
     def param_name(self, field: str) -> str:
         if field == "logprobs":

@@ -304,8 +304,11 @@ def test_a_reasoning_budget_alone_constrains_only_the_reasoning(v4):
     assert plan.structured == StructuredOutputs(regex=ANYTHING, reasoning=Reasoning(
         "</think>", v4.token_id("</think>"), 0))
     assert chat.plan(v4, _request(thinking_token_budget=5), PARSERS).structured is None
-    with pytest.raises(ValidationError):
-        _request(thinking_token_budget=-1)
+    for bad in (-1, 2**31, 2**64):
+        with pytest.raises(ValidationError):
+            _request(thinking_token_budget=bad)
+    assert chat.plan(v4, _request(thinking={"type": "enabled"},
+                                  thinking_token_budget=2**31 - 1), PARSERS).structured
 
 
 @pytest.mark.parametrize("defaults, body, thinking", [
