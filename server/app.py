@@ -501,8 +501,13 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
     max_tokens = _max_tokens(state, requested, len(ids), param)
     top = (req.top_logprobs or 0) if req.logprobs else None
     params = req.sampling(max_tokens, top, plan.structured)
-    await _check_structured(state, params, "tool_choice" if plan.tool_mode in (
-        "named", "required") else req.structured_source())
+    try:
+        await _check_structured(state, params, _constraint_field(req, plan))
+    except APIError:
+        if plan.fallback is None:
+            raise
+        params = req.sampling(max_tokens, top, plan.fallback)   # tool names only
+        await _check_structured(state, params, "tools")
     await state.offload(_validate, state, req, [ids], params)
 
     def reader() -> ChatOutput:
@@ -526,6 +531,15 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
                                  media_type="text/event-stream")
     states = await _finished(state, request, base, jobs, reader)
     return JSONResponse(chat_response(meta, states, req.n, state.tokenizer))
+
+
+def _constraint_field(req: ChatCompletionRequest, plan: chat.ChatPlan) -> str:
+    """The field a chat request's output constraint comes from, for its 400s."""
+    if plan.tool_mode in ("named", "required"):
+        return "tool_choice"
+    if (asked := req.structured_source()) is not None:
+        return asked
+    return "tools" if plan.tool_mode == "auto" else "thinking_token_budget"
 
 
 async def models(state: ServerState, request: Request) -> Response:

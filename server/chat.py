@@ -64,6 +64,7 @@ class ChatPlan:
     tool_mode: str                          # "none" | "auto" | "required" | "named"
     tool_name: str | None = None            # the named function
     structured: StructuredOutputs | None = None
+    fallback: StructuredOutputs | None = None   # auto: if `structured` does not compile
 
 
 def plan(tokenizer: Tokenizer, req: ChatCompletionRequest, options: ChatOptions,
@@ -79,10 +80,12 @@ def plan(tokenizer: Tokenizer, req: ChatCompletionRequest, options: ChatOptions,
     tools = [t.function.model_dump(exclude_none=True) for t in req.tools or []] \
         if mode != "none" else []
     auto = mode == "auto" and asked is None
+    fallback = None
     if auto:                                  # free text, and calls held to the tools
-        structured = StructuredOutputs(grammar=DsmlGrammar(
+        structured, fallback = (StructuredOutputs(grammar=DsmlGrammar(
             tools, tokenizer.token_id(v4_encoding.DSML),
-            parallel=req.parallel_tool_calls is not False).lark())
+            parallel=req.parallel_tool_calls is not False, schemas=schemas).lark())
+            for schemas in (True, False))
     structured = structured or asked
     kwargs = template_kwargs(req, options)
     thinking = thinking_of(req, kwargs)
@@ -90,9 +93,11 @@ def plan(tokenizer: Tokenizer, req: ChatCompletionRequest, options: ChatOptions,
         thinking = False        # the reasoning would be the constrained content's start
     if thinking:
         structured = _after_reasoning(tokenizer, structured, req.thinking_token_budget)
+        if fallback is not None:
+            fallback = _after_reasoning(tokenizer, fallback, req.thinking_token_budget)
     ids = render(tokenizer, [m.as_dict() for m in req.messages], thinking=thinking,
                  effort=effort_of(req), tools=tools, extra=kwargs, limit=limit)
-    return ChatPlan(ids, thinking, mode, name, structured)
+    return ChatPlan(ids, thinking, mode, name, structured, fallback)
 
 
 def _after_reasoning(tokenizer: Tokenizer, structured: StructuredOutputs | None,

@@ -17,6 +17,10 @@ any text: a string's other keywords are not enforced), anything else as JSON
 both may take either. A tool without
 a parameters schema takes any parameters (names the grammar allows, JSON or text values).
 
+Where the tools' schemas do not compile (a keyword llguidance refuses, an unsatisfiable
+range), the request falls back to the names-only grammar (`schemas=False`): an agent's
+sloppy schema costs it the argument checks, never the request.
+
 "｜DSML｜" is one added token in a V4 vocabulary, which llguidance reads as a special
 token: there the markup is written with that token, and free text cannot spell it; in a
 vocabulary without it, the markup is text.
@@ -41,8 +45,10 @@ class DsmlGrammar:
     "｜DSML｜" token, or None when the markup is text; `parallel`: a block may hold more
     than one call."""
 
-    def __init__(self, tools: list[dict], dsml_id: int | None, parallel: bool = True):
+    def __init__(self, tools: list[dict], dsml_id: int | None, parallel: bool = True,
+                 schemas: bool = True):
         self.tools, self.dsml_id, self.parallel = tools, dsml_id, parallel
+        self.schemas = schemas         # False: tool names only, any parameters
         self.rules: list[str] = []
 
     def lark(self) -> str:
@@ -75,7 +81,8 @@ class DsmlGrammar:
         """The rule of one tool's invoke; its name."""
         rule = f"tool_{index}"
         schema = tool.get("parameters")
-        params = self._params(rule, schema) if _has_properties(schema) else self._any(rule)
+        params = self._params(rule, schema) if self.schemas and _has_properties(schema) \
+            else self._any(rule)
         opening = self._mark("<", f'invoke name="{tool["name"]}">')
         self.rules.append(f'{rule}: {opening} {params} {SPACE} {self._mark("</", "invoke>")}')
         return rule

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from runtime.text.grammar import StructuredOutputs, Vocabulary
+from runtime.text.grammar import GrammarError, StructuredOutputs, Vocabulary
 from runtime.text.tokenizer import Tokenizer
 from server import v4_encoding
 from server.dsml_grammar import DsmlGrammar
@@ -105,3 +105,19 @@ def test_the_released_encoders_calls_are_taken(vocab):
     prompt = v4_encoding.encode([{"role": "user", "content": "Hi"}, message], thinking=False)
     output = prompt[prompt.index("Checking."):prompt.rindex(v4_encoding.EOS)]
     assert _takes(vocab, output)
+
+
+def test_without_schemas_the_grammar_holds_the_names_only(vocab):
+    """The fallback of a request whose tool schemas do not compile: any parameters, but
+    only the tools' names."""
+    tok, voc, dsml = vocab
+    broken = {"name": "f", "parameters": {"type": "object", "properties": {
+        "x": {"type": "integer", "minimum": 5, "maximum": 1}}}}
+    with pytest.raises(GrammarError, match="minimum"):
+        voc.check(StructuredOutputs(grammar=DsmlGrammar([broken], dsml).lark()))
+    names = StructuredOutputs(grammar=DsmlGrammar([broken], dsml, schemas=False).lark())
+    for text, taken in ((_block(("f", [_param("x", "3", False)])), True),
+                        (_block(("g", [])), False)):
+        matcher = voc.matcher(names)
+        ids = tok.encode(text, add_special_tokens=False)
+        assert (all(matcher.consume_token(t) for t in ids) and matcher.is_accepting()) is taken

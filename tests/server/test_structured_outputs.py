@@ -245,6 +245,14 @@ def test_a_named_call_after_reasoning(client):
     jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
 
 
+def test_a_tool_schema_that_does_not_compile_costs_the_checks_not_the_request(client):
+    broken = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer", "minimum": 5,
+                                               "maximum": 1}}}}}
+    choice = _ask(client, "Hi", tools=[broken], max_tokens=8, temperature=0).choices[0]
+    assert choice.finish_reason == "length" and choice.message.content
+
+
 def test_a_negative_thinking_budget_is_a_400_naming_it(client):
     with pytest.raises(openai.BadRequestError) as caught:
         _ask(client, "Hi", max_tokens=4, extra_body={"thinking_token_budget": -1})
