@@ -21,8 +21,8 @@ stands (an open text value and its arguments closed, a JSON value not yet comple
 out), and only the text since its last piece comes back. An output that ends inside a
 block whose call had started (cut by max_tokens) leaves no markup behind: a call being
 read is closed, a text value without the suffix held back as a possible start of its
-close. With the auto-mode grammar
-(server/dsml_grammar.py) a block can only be cut, never broken.
+close. With the auto-mode grammar (server/dsml_grammar.py) a block can only be cut,
+never broken.
 """
 from __future__ import annotations
 
@@ -163,7 +163,6 @@ class Block:
         """The block broke or ended inside a started call: close the call as it stands."""
         if self.in_call():
             self._arguments(('"' if self.open_string else "") + ("}" if self.written else "{}"))
-
 
     def _arguments(self, piece: str) -> None:
         self.out.append((None, piece))
