@@ -113,9 +113,9 @@ def test_generate_prints_json_per_prompt_and_a_summary():
 def test_generate_rejects_a_k_without_a_layout():
     result = _v4serve("generate", "--spec", "reference", "--model",
                       str(REPO / "tests" / "fixtures" / "v4-tiny"), "--prompt-ids", "5,6",
-                      "--num-speculative-tokens", "2")
+                      "--num-speculative-tokens", "4")
     assert result.returncode == 1
-    assert "spec specs/reference.yaml has decode layouts for K in [0, 1]" in result.stderr
+    assert "spec specs/reference.yaml has decode layouts for K in [0, 1, 2, 3]" in result.stderr
 
 
 def _generate(capsys, *args: str) -> tuple[int, str]:

@@ -13,6 +13,6 @@ from . import architecture, contract, kernels, pools
 SPEC_NAME = "deepseek-v4-flash"
 SPEC_PATH = "specs/deepseek-v4-flash.yaml"
 # sha256 of the spec's text: the command refuses a spec edited since (server/cli/spec_check.py)
-SPEC_SHA256 = "c4919d2ac515a15992fed0c07ecf468bd05b9403a4846fd4ffd055b3d66f2479"
+SPEC_SHA256 = "8fec9a02c8a2e36353d990b0ce5d68e622a5c76ea8fcb84da13e0e88f0bf295a"
 
 __all__ = ["SPEC_NAME", "SPEC_PATH", "SPEC_SHA256", "architecture", "contract", "kernels", "pools"]

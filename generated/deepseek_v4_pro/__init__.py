@@ -13,6 +13,6 @@ from . import architecture, contract, kernels, pools
 SPEC_NAME = "deepseek-v4-pro"
 SPEC_PATH = "specs/deepseek-v4-pro.yaml"
 # sha256 of the spec's text: the command refuses a spec edited since (server/cli/spec_check.py)
-SPEC_SHA256 = "aff6330e496a0b1e7b56bdab163c669b6fe276cdce785933fea5684ac8cef248"
+SPEC_SHA256 = "802e37854d91eceb2d312059896c1204ed3e6cf2fefa27fa74e3e37b317d0c36"
 
 __all__ = ["SPEC_NAME", "SPEC_PATH", "SPEC_SHA256", "architecture", "contract", "kernels", "pools"]

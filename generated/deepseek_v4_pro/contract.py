@@ -32,6 +32,8 @@ BLOCK_SIZE = 128
 DECODE_LAYOUTS: dict[int, DecodeLayout] = {
     0: DecodeLayout(k=0, batch=8, seq=1, kernel="decode_b8s1"),
     1: DecodeLayout(k=1, batch=4, seq=2, kernel="decode_b4s2"),
+    2: DecodeLayout(k=2, batch=4, seq=3, kernel="decode_b4s3"),
+    3: DecodeLayout(k=3, batch=4, seq=4, kernel="decode_b4s4"),
 }
 DEFAULT_NUM_SPECULATIVE_TOKENS = 1
 DECODE_MICRO_BATCHES = 8  # decode launches per rank per step, at most

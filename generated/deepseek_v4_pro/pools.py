@@ -31,7 +31,7 @@ GROUPS: dict[str, PoolGroup] = {
         ring_pages=3, table_width=3, page_bytes=74752, block_bytes=4634624,
         formula="min(3, ceil(len / 128))", format="fp8_ds", rope_width=64, entry_bytes=584,
         doc="sliding-window KV of every layer, the MTP layer included; ring = ceil((window - 1 "
-        "+ in_flight) / block_size) + 1 with window 128, in_flight 2 (the widest decode row)"),
+        "+ in_flight) / block_size) + 1 with window 128, in_flight 4 (the widest decode row)"),
     "cmp_c128": PoolGroup("cmp_c128", layers=(0, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27,
         29, 31, 33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59), rows_per_page=1,
         row_width=512, dtype="bfloat16", policy="full", tokens_per_row=128, ring_pages=None,

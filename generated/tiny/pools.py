@@ -29,7 +29,7 @@ GROUPS: dict[str, PoolGroup] = {
         page_bytes=65536, block_bytes=327680, formula="min(3, ceil(len / 128))", format="compute",
         rope_width=0, entry_bytes=512, doc="sliding-window KV of every layer, the MTP layer "
         "included; ring = ceil((window - 1 + in_flight) / block_size) + 1 with window 128, "
-        "in_flight 2 (the widest decode row)"),
+        "in_flight 4 (the widest decode row)"),
     "cmp_c128": PoolGroup("cmp_c128", layers=(2,), rows_per_page=1, row_width=128, dtype="float32",
         policy="full", tokens_per_row=128, ring_pages=None, table_width=128, page_bytes=512,
         block_bytes=512, formula="ceil((len // 128) / 1)", format="compute", rope_width=0,

@@ -17,7 +17,7 @@ from runtime.core.scheduler import Scheduler, SchedulerConfig, refusal
 from runtime.planning import capacity
 from runtime.planning.memory_plan import MemoryPlan
 
-MAX_K = 1          # draft tokens per step this runtime verifies
+MAX_K = 3          # draft tokens per step this runtime verifies (the MTP layer, recursively)
 
 
 def servable_ks(contract) -> list[int]:
@@ -206,8 +206,8 @@ def _resolve(config: Any, spec: ModuleType) -> tuple[int, SchedulerConfig]:
         raise ConfigError(f"--num-speculative-tokens {k}: spec {spec.SPEC_PATH} has decode "
                           f"layouts for K in {sorted(c.DECODE_LAYOUTS)}")
     if k > MAX_K:
-        raise ConfigError(f"--num-speculative-tokens {k}: this runtime verifies one draft "
-                          f"token per step (K <= {MAX_K})")
+        raise ConfigError(f"--num-speculative-tokens {k}: this runtime verifies at most "
+                          f"{MAX_K} draft tokens per step")
     limits = {}
     for name in ("max_num_batched_tokens", "long_prefill_token_threshold", "max_model_len",
                  "max_num_seqs"):

@@ -82,10 +82,10 @@ def test_tile_must_divide_the_extent(tmp_path, tiny_text):
 
 
 def test_advertised_k_needs_a_layout(tmp_path, tiny_text):
-    _check(tmp_path, tiny_text, "num_speculative_tokens: [0, 1]",
-           "num_speculative_tokens: [0, 1, 2]", "  num_speculative_tokens:",
-           "decode.num_speculative_tokens[2]",
-           "K=2 has no decode layout; add one with k: 2, seq: 3")
+    _check(tmp_path, tiny_text, "num_speculative_tokens: [0, 1, 2, 3]",
+           "num_speculative_tokens: [0, 1, 2, 3, 4]", "  num_speculative_tokens:",
+           "decode.num_speculative_tokens[4]",
+           "K=4 has no decode layout; add one with k: 4, seq: 5")
 
 
 def test_layout_seq_must_be_k_plus_one(tmp_path, tiny_text):
@@ -142,9 +142,11 @@ def test_fp4_experts_need_inputs_in_groups_of_32(tmp_path, tiny_text):
 
 
 def test_max_num_seqs_must_fit_the_decode_capacity(tmp_path, tiny_text):
-    _check(tmp_path, tiny_text, "  max_num_seqs: 64", "  max_num_seqs: 65", "max_num_seqs",
-           "limits.max_num_seqs",
-           "65 exceeds the K=1 decode capacity ranks*batch*micro_batches = 8*4*2 = 64")
+    text = replace_once(tiny_text, "  max_num_seqs: 64", "  max_num_seqs: 65")
+    line = text.splitlines().index("  max_num_seqs: 65") + 1
+    assert _error(tmp_path, text) == "\n".join(
+        f"bad.yaml:{line}: limits.max_num_seqs: 65 exceeds the K={k} decode capacity "
+        "ranks*batch*micro_batches = 8*4*2 = 64" for k in (1, 2, 3))
 
 
 def test_invalid_yaml_names_the_line(tmp_path, tiny_text):

@@ -55,7 +55,8 @@ def test_contract_carries_the_new_shapes(alt):
     c = alt.contract
     assert (c.RANKS, c.EP, c.MAX_EXTENT, c.SLOTS_PER_RANK) == (4, 4, 4096, 2)
     assert c.decode_layout(1).kernel == "decode_b8s2"
-    assert sorted(alt.kernels.KERNELS) == ["decode_b8s1", "decode_b8s2", "prefill_main",
+    assert sorted(alt.kernels.KERNELS) == ["decode_b4s3", "decode_b4s4", "decode_b8s1",
+                                            "decode_b8s1_mtp", "decode_b8s2", "prefill_main",
                                             "prefill_mtp"]
     assert c.REQUEST_SLOTS_PER_RANK == 8 * 2  # batch x micro_batches
     assert c.CONTEXT_BUCKETS == (2048, 4096)
@@ -66,8 +67,8 @@ def test_contract_carries_the_new_shapes(alt):
     assert c.effective_extent(max_num_batched_tokens=1000) == 1000
     assert c.effective_extent() == 4096
     assert c.dispatch_extent(4095) == 4096 and c.dispatch_extent(1) == 128
-    with pytest.raises(ValueError, match="no decode layout for K=2"):
-        c.decode_layout(2)
+    with pytest.raises(ValueError, match="no decode layout for K=4"):
+        c.decode_layout(4)
 
 
 def test_pools_allocate_stacked_tensors_with_a_scratch_page(alt):
