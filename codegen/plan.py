@@ -181,12 +181,17 @@ def _ring_pages(spec: Spec, role: PoolRole, rows: int) -> tuple[int | None, str,
     """Ring size in pages, the per-request block formula, and how the ring was sized."""
     if role.policy == "full":
         return None, f"ceil((len // {role.ratio}) / {rows})", None
-    if role.span is not None:
-        pages = role.span // rows
-        return pages, f"min({pages}, ceil(len / {rows}))", \
-            f"ring = state span {role.span} / rows_per_page {rows}"
-    window = spec.model.sliding_window
     in_flight = max(layout.seq for layout in spec.decode.layouts)
+    if role.span is not None:
+        # a step reads back the span before its first row and writes in_flight rows from
+        # there; past the first, a rejected draft's row must not land on a row still to
+        # be read back: span + in_flight - 2 rows (at least the span)
+        held = role.span + max(0, in_flight - 2)
+        pages = math.ceil(held / rows)
+        return pages, f"min({pages}, ceil(len / {rows}))", \
+            (f"ring = ceil((span {role.span} + in_flight {in_flight} - 2) / rows_per_page "
+             f"{rows})")
+    window = spec.model.sliding_window
     bs = spec.pools.block_size
     pages = math.ceil((window - 1 + in_flight) / bs) + 1
     return pages, f"min({pages}, ceil(len / {bs}))", \

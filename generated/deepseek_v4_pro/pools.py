@@ -13,9 +13,9 @@ the request's ring; full groups keep every compressed entry.
   cmp_c128             31          1        512  bfloat16  fp8_ds     584  full    ceil((len // 128) / 1)
   cmp_c4               30         32        512  bfloat16  fp8_ds     584  full    ceil((len // 4) / 32)
   idx                  30         32        128  bfloat16  fp4         68  full    ceil((len // 4) / 32)
-  hca_state            31          8       1024  float32   compute   4096  ring    min(16, ceil(len / 8))
-  csa_state            30          4       2048  float32   compute   8192  ring    min(2, ceil(len / 4))
-  csa_inner_state      30          4        512  float32   compute   2048  ring    min(2, ceil(len / 4))
+  hca_state            31          8       1024  float32   compute   4096  ring    min(17, ceil(len / 8))
+  csa_state            30          4       2048  float32   compute   8192  ring    min(3, ceil(len / 4))
+  csa_inner_state      30          4        512  float32   compute   2048  ring    min(3, ceil(len / 4))
 """
 from __future__ import annotations
 
@@ -51,23 +51,24 @@ GROUPS: dict[str, PoolGroup] = {
         rope_width=0, entry_bytes=68, doc="lightning-indexer compressed keys (ratio 4)"),
     "hca_state": PoolGroup("hca_state", layers=(0, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25,
         27, 29, 31, 33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59), rows_per_page=8,
-        row_width=1024, dtype="float32", policy="ring", tokens_per_row=1, ring_pages=16,
-        table_width=16, page_bytes=32768, block_bytes=1015808, formula="min(16, ceil(len / 8))",
+        row_width=1024, dtype="float32", policy="ring", tokens_per_row=1, ring_pages=17,
+        table_width=17, page_bytes=32768, block_bytes=1015808, formula="min(17, ceil(len / 8))",
         format="compute", rope_width=0, entry_bytes=4096, doc="C128 compressor state: pending "
-        "kv and gate-score rows; ring = state span 128 / rows_per_page 8"),
+        "kv and gate-score rows; ring = ceil((span 128 + in_flight 4 - 2) / rows_per_page 8)"),
     "csa_state": PoolGroup("csa_state", layers=(2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28,
         30, 32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54, 56, 58, 60), rows_per_page=4,
-        row_width=2048, dtype="float32", policy="ring", tokens_per_row=1, ring_pages=2,
-        table_width=2, page_bytes=32768, block_bytes=983040, formula="min(2, ceil(len / 4))",
+        row_width=2048, dtype="float32", policy="ring", tokens_per_row=1, ring_pages=3,
+        table_width=3, page_bytes=32768, block_bytes=983040, formula="min(3, ceil(len / 4))",
         format="compute", rope_width=0, entry_bytes=8192, doc="C4 compressor state: two "
-        "overlapped windows of kv and gate-score rows; ring = state span 8 / rows_per_page 4"),
+        "overlapped windows of kv and gate-score rows; ring = ceil((span 8 + in_flight 4 - 2) / "
+        "rows_per_page 4)"),
     "csa_inner_state": PoolGroup("csa_inner_state", layers=(2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22,
         24, 26, 28, 30, 32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54, 56, 58, 60),
         rows_per_page=4, row_width=512, dtype="float32", policy="ring", tokens_per_row=1,
-        ring_pages=2, table_width=2, page_bytes=8192, block_bytes=245760,
-        formula="min(2, ceil(len / 4))", format="compute", rope_width=0, entry_bytes=2048,
-        doc="indexer compressor state: as csa_state at index_head_dim; ring = state span 8 / "
-        "rows_per_page 4"),
+        ring_pages=3, table_width=3, page_bytes=8192, block_bytes=245760,
+        formula="min(3, ceil(len / 4))", format="compute", rope_width=0, entry_bytes=2048,
+        doc="indexer compressor state: as csa_state at index_head_dim; ring = ceil((span 8 + "
+        "in_flight 4 - 2) / rows_per_page 4)"),
 }
 
 # Device-state slots per rank: one per running request (its MTP state, its sampling

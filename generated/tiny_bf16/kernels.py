@@ -38,14 +38,14 @@ PREFILL_MAIN = KernelABI(
         Arg("block_table_idx", "metadata", "int32", ("ranks", 4, 128), "[ranks, slots, 128]",
             staged=True,
             doc="rank-local idx block ids per row; -1 (the scratch page) past the last block"),
-        Arg("block_table_hca_state", "metadata", "int32", ("ranks", 4, 16), "[ranks, slots, 16]",
+        Arg("block_table_hca_state", "metadata", "int32", ("ranks", 4, 17), "[ranks, slots, 17]",
             staged=True, doc="rank-local hca_state block ids per row; -1 (the scratch page) "
             "past the last block"),
-        Arg("block_table_csa_state", "metadata", "int32", ("ranks", 4, 2), "[ranks, slots, 2]",
+        Arg("block_table_csa_state", "metadata", "int32", ("ranks", 4, 3), "[ranks, slots, 3]",
             staged=True, doc="rank-local csa_state block ids per row; -1 (the scratch page) "
             "past the last block"),
-        Arg("block_table_csa_inner_state", "metadata", "int32", ("ranks", 4, 2),
-            "[ranks, slots, 2]", staged=True, doc="rank-local csa_inner_state block ids per "
+        Arg("block_table_csa_inner_state", "metadata", "int32", ("ranks", 4, 3),
+            "[ranks, slots, 3]", staged=True, doc="rank-local csa_inner_state block ids per "
             "row; -1 (the scratch page) past the last block"),
         Arg("pool_ori", "pool", "bfloat16", ("ranks", 5, "blocks", 128, 128),
             "[ranks, layers, blocks + 1, rows, width]",
@@ -132,14 +132,14 @@ DECODE_B8S1 = KernelABI(
         Arg("block_table_idx", "metadata", "int32", ("ranks", 8, 128), "[ranks, batch, 128]",
             staged=True,
             doc="rank-local idx block ids per row; -1 (the scratch page) past the last block"),
-        Arg("block_table_hca_state", "metadata", "int32", ("ranks", 8, 16), "[ranks, batch, 16]",
+        Arg("block_table_hca_state", "metadata", "int32", ("ranks", 8, 17), "[ranks, batch, 17]",
             staged=True, doc="rank-local hca_state block ids per row; -1 (the scratch page) "
             "past the last block"),
-        Arg("block_table_csa_state", "metadata", "int32", ("ranks", 8, 2), "[ranks, batch, 2]",
+        Arg("block_table_csa_state", "metadata", "int32", ("ranks", 8, 3), "[ranks, batch, 3]",
             staged=True, doc="rank-local csa_state block ids per row; -1 (the scratch page) "
             "past the last block"),
-        Arg("block_table_csa_inner_state", "metadata", "int32", ("ranks", 8, 2),
-            "[ranks, batch, 2]", staged=True, doc="rank-local csa_inner_state block ids per "
+        Arg("block_table_csa_inner_state", "metadata", "int32", ("ranks", 8, 3),
+            "[ranks, batch, 3]", staged=True, doc="rank-local csa_inner_state block ids per "
             "row; -1 (the scratch page) past the last block"),
         Arg("pool_ori", "pool", "bfloat16", ("ranks", 5, "blocks", 128, 128),
             "[ranks, layers, blocks + 1, rows, width]",
@@ -199,14 +199,14 @@ DECODE_B8S1_MTP = KernelABI(
         Arg("block_table_idx", "metadata", "int32", ("ranks", 8, 128), "[ranks, batch, 128]",
             staged=True,
             doc="rank-local idx block ids per row; -1 (the scratch page) past the last block"),
-        Arg("block_table_hca_state", "metadata", "int32", ("ranks", 8, 16), "[ranks, batch, 16]",
+        Arg("block_table_hca_state", "metadata", "int32", ("ranks", 8, 17), "[ranks, batch, 17]",
             staged=True, doc="rank-local hca_state block ids per row; -1 (the scratch page) "
             "past the last block"),
-        Arg("block_table_csa_state", "metadata", "int32", ("ranks", 8, 2), "[ranks, batch, 2]",
+        Arg("block_table_csa_state", "metadata", "int32", ("ranks", 8, 3), "[ranks, batch, 3]",
             staged=True, doc="rank-local csa_state block ids per row; -1 (the scratch page) "
             "past the last block"),
-        Arg("block_table_csa_inner_state", "metadata", "int32", ("ranks", 8, 2),
-            "[ranks, batch, 2]", staged=True, doc="rank-local csa_inner_state block ids per "
+        Arg("block_table_csa_inner_state", "metadata", "int32", ("ranks", 8, 3),
+            "[ranks, batch, 3]", staged=True, doc="rank-local csa_inner_state block ids per "
             "row; -1 (the scratch page) past the last block"),
         Arg("pool_ori", "pool", "bfloat16", ("ranks", 5, "blocks", 128, 128),
             "[ranks, layers, blocks + 1, rows, width]",
@@ -275,14 +275,14 @@ DECODE_B4S2 = KernelABI(
         Arg("block_table_idx", "metadata", "int32", ("ranks", 4, 128), "[ranks, batch, 128]",
             staged=True,
             doc="rank-local idx block ids per row; -1 (the scratch page) past the last block"),
-        Arg("block_table_hca_state", "metadata", "int32", ("ranks", 4, 16), "[ranks, batch, 16]",
+        Arg("block_table_hca_state", "metadata", "int32", ("ranks", 4, 17), "[ranks, batch, 17]",
             staged=True, doc="rank-local hca_state block ids per row; -1 (the scratch page) "
             "past the last block"),
-        Arg("block_table_csa_state", "metadata", "int32", ("ranks", 4, 2), "[ranks, batch, 2]",
+        Arg("block_table_csa_state", "metadata", "int32", ("ranks", 4, 3), "[ranks, batch, 3]",
             staged=True, doc="rank-local csa_state block ids per row; -1 (the scratch page) "
             "past the last block"),
-        Arg("block_table_csa_inner_state", "metadata", "int32", ("ranks", 4, 2),
-            "[ranks, batch, 2]", staged=True, doc="rank-local csa_inner_state block ids per "
+        Arg("block_table_csa_inner_state", "metadata", "int32", ("ranks", 4, 3),
+            "[ranks, batch, 3]", staged=True, doc="rank-local csa_inner_state block ids per "
             "row; -1 (the scratch page) past the last block"),
         Arg("pool_ori", "pool", "bfloat16", ("ranks", 5, "blocks", 128, 128),
             "[ranks, layers, blocks + 1, rows, width]",
@@ -351,14 +351,14 @@ DECODE_B4S3 = KernelABI(
         Arg("block_table_idx", "metadata", "int32", ("ranks", 4, 128), "[ranks, batch, 128]",
             staged=True,
             doc="rank-local idx block ids per row; -1 (the scratch page) past the last block"),
-        Arg("block_table_hca_state", "metadata", "int32", ("ranks", 4, 16), "[ranks, batch, 16]",
+        Arg("block_table_hca_state", "metadata", "int32", ("ranks", 4, 17), "[ranks, batch, 17]",
             staged=True, doc="rank-local hca_state block ids per row; -1 (the scratch page) "
             "past the last block"),
-        Arg("block_table_csa_state", "metadata", "int32", ("ranks", 4, 2), "[ranks, batch, 2]",
+        Arg("block_table_csa_state", "metadata", "int32", ("ranks", 4, 3), "[ranks, batch, 3]",
             staged=True, doc="rank-local csa_state block ids per row; -1 (the scratch page) "
             "past the last block"),
-        Arg("block_table_csa_inner_state", "metadata", "int32", ("ranks", 4, 2),
-            "[ranks, batch, 2]", staged=True, doc="rank-local csa_inner_state block ids per "
+        Arg("block_table_csa_inner_state", "metadata", "int32", ("ranks", 4, 3),
+            "[ranks, batch, 3]", staged=True, doc="rank-local csa_inner_state block ids per "
             "row; -1 (the scratch page) past the last block"),
         Arg("pool_ori", "pool", "bfloat16", ("ranks", 5, "blocks", 128, 128),
             "[ranks, layers, blocks + 1, rows, width]",
@@ -427,14 +427,14 @@ DECODE_B4S4 = KernelABI(
         Arg("block_table_idx", "metadata", "int32", ("ranks", 4, 128), "[ranks, batch, 128]",
             staged=True,
             doc="rank-local idx block ids per row; -1 (the scratch page) past the last block"),
-        Arg("block_table_hca_state", "metadata", "int32", ("ranks", 4, 16), "[ranks, batch, 16]",
+        Arg("block_table_hca_state", "metadata", "int32", ("ranks", 4, 17), "[ranks, batch, 17]",
             staged=True, doc="rank-local hca_state block ids per row; -1 (the scratch page) "
             "past the last block"),
-        Arg("block_table_csa_state", "metadata", "int32", ("ranks", 4, 2), "[ranks, batch, 2]",
+        Arg("block_table_csa_state", "metadata", "int32", ("ranks", 4, 3), "[ranks, batch, 3]",
             staged=True, doc="rank-local csa_state block ids per row; -1 (the scratch page) "
             "past the last block"),
-        Arg("block_table_csa_inner_state", "metadata", "int32", ("ranks", 4, 2),
-            "[ranks, batch, 2]", staged=True, doc="rank-local csa_inner_state block ids per "
+        Arg("block_table_csa_inner_state", "metadata", "int32", ("ranks", 4, 3),
+            "[ranks, batch, 3]", staged=True, doc="rank-local csa_inner_state block ids per "
             "row; -1 (the scratch page) past the last block"),
         Arg("pool_ori", "pool", "bfloat16", ("ranks", 5, "blocks", 128, 128),
             "[ranks, layers, blocks + 1, rows, width]",

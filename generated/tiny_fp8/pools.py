@@ -13,9 +13,9 @@ the request's ring; full groups keep every compressed entry.
   cmp_c128              1          1        128  float32   fp8_ds     200  full    ceil((len // 128) / 1)
   cmp_c4                2         32        128  float32   fp8_ds     200  full    ceil((len // 4) / 32)
   idx                   2         32         64  float32   fp4         34  full    ceil((len // 4) / 32)
-  hca_state             1          8        256  float32   compute   1024  ring    min(16, ceil(len / 8))
-  csa_state             2          4        512  float32   compute   2048  ring    min(2, ceil(len / 4))
-  csa_inner_state       2          4        256  float32   compute   1024  ring    min(2, ceil(len / 4))
+  hca_state             1          8        256  float32   compute   1024  ring    min(17, ceil(len / 8))
+  csa_state             2          4        512  float32   compute   2048  ring    min(3, ceil(len / 4))
+  csa_inner_state       2          4        256  float32   compute   1024  ring    min(3, ceil(len / 4))
 """
 from __future__ import annotations
 
@@ -43,20 +43,20 @@ GROUPS: dict[str, PoolGroup] = {
         block_bytes=2176, formula="ceil((len // 4) / 32)", format="fp4", rope_width=0,
         entry_bytes=34, doc="lightning-indexer compressed keys (ratio 4)"),
     "hca_state": PoolGroup("hca_state", layers=(2,), rows_per_page=8, row_width=256,
-        dtype="float32", policy="ring", tokens_per_row=1, ring_pages=16, table_width=16,
-        page_bytes=8192, block_bytes=8192, formula="min(16, ceil(len / 8))", format="compute",
+        dtype="float32", policy="ring", tokens_per_row=1, ring_pages=17, table_width=17,
+        page_bytes=8192, block_bytes=8192, formula="min(17, ceil(len / 8))", format="compute",
         rope_width=0, entry_bytes=1024, doc="C128 compressor state: pending kv and gate-score "
-        "rows; ring = state span 128 / rows_per_page 8"),
+        "rows; ring = ceil((span 128 + in_flight 4 - 2) / rows_per_page 8)"),
     "csa_state": PoolGroup("csa_state", layers=(1, 3), rows_per_page=4, row_width=512,
-        dtype="float32", policy="ring", tokens_per_row=1, ring_pages=2, table_width=2,
-        page_bytes=8192, block_bytes=16384, formula="min(2, ceil(len / 4))", format="compute",
+        dtype="float32", policy="ring", tokens_per_row=1, ring_pages=3, table_width=3,
+        page_bytes=8192, block_bytes=16384, formula="min(3, ceil(len / 4))", format="compute",
         rope_width=0, entry_bytes=2048, doc="C4 compressor state: two overlapped windows of kv "
-        "and gate-score rows; ring = state span 8 / rows_per_page 4"),
+        "and gate-score rows; ring = ceil((span 8 + in_flight 4 - 2) / rows_per_page 4)"),
     "csa_inner_state": PoolGroup("csa_inner_state", layers=(1, 3), rows_per_page=4, row_width=256,
-        dtype="float32", policy="ring", tokens_per_row=1, ring_pages=2, table_width=2,
-        page_bytes=4096, block_bytes=8192, formula="min(2, ceil(len / 4))", format="compute",
+        dtype="float32", policy="ring", tokens_per_row=1, ring_pages=3, table_width=3,
+        page_bytes=4096, block_bytes=8192, formula="min(3, ceil(len / 4))", format="compute",
         rope_width=0, entry_bytes=1024, doc="indexer compressor state: as csa_state at "
-        "index_head_dim; ring = state span 8 / rows_per_page 4"),
+        "index_head_dim; ring = ceil((span 8 + in_flight 4 - 2) / rows_per_page 4)"),
 }
 
 # Device-state slots per rank: one per running request (its MTP state, its sampling

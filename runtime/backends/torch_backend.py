@@ -101,8 +101,9 @@ def _decode(kernel: KernelABI, named: dict) -> None:
 
 
 def _decode_mtp(kernel: KernelABI, named: dict) -> None:
-    """Per row: draft K tokens with the MTP block from the slot's (hidden, tail), then run
-    the main model on [tail, drafts]. Rows whose slot generation moved on are skipped."""
+    """Per row: draft K tokens (K >= 0) with the MTP block from the slot's (hidden,
+    tail), then run the main model on [tail, drafts]. Rows whose slot generation moved
+    on are skipped."""
     params: ModelParams = named["weights"]
     field = kernel.mtp_field
     rows = _live_rows(named, field)
@@ -138,19 +139,23 @@ def _live_rows(named: dict, field) -> list[tuple[int, int, int]]:
 def _draft(params: ModelParams, kernel: KernelABI, view: PoolView,
            rows: list[tuple[int, int, int]], tails: torch.Tensor, tail_pos: list[int],
            hidden: torch.Tensor, k: int, masks: torch.Tensor) -> torch.Tensor:
-    """K greedy drafts per row; step i runs the MTP block at position tail_pos - 1 + i on
-    (streams, token), chaining the block's own output streams and draft. The first draft
-    takes only tokens its row's mask [rows, ceil(V / 32)] allows."""
+    """K greedy drafts per row [rows, K]; step i runs the MTP block at position
+    tail_pos - 1 + i on (streams, token), chaining the block's own output streams and
+    draft. The first draft takes only tokens its row's mask [rows, ceil(V / 32)] allows.
+    With K = 0 the block still runs once: its KV at the row before the tail is the
+    state the next step's drafts attend to."""
     layer = params.args.mtp_layers[0]
     token, drafts = tails, []
-    for step in range(k):
+    for step in range(max(k, 1)):
         segments = [Segment(r, b, pos - 1 + step, 1, i)
                     for i, ((r, b, _), pos) in enumerate(zip(rows, tail_pos))]
         hidden = mtp_block(params, layer, hidden, token, segments, view, kernel.tile)
+        if step == k:
+            break
         scores = logits(params, hidden, params.args.prefix(layer))
         if step == 0:
             allowed = unpack_mask(masks, scores.shape[-1])
             scores = scores.masked_fill(~allowed, float("-inf"))
         token = scores.argmax(-1)
         drafts.append(token)
-    return torch.stack(drafts, dim=1)
+    return torch.stack(drafts, dim=1) if drafts else tails.new_zeros((len(rows), 0))

@@ -12,6 +12,9 @@ class EngineConfig:
     spec: str = "tiny"
     model: str | Path = "models/tiny"
     num_speculative_tokens: int | None = None     # None: the spec's default
+    # "fixed": K drafts every step; "adaptive": per step, K in 0..num_speculative_tokens
+    # (runtime/core/speculation.py)
+    speculative_policy: str = "fixed"
     max_num_batched_tokens: int | None = None     # None: the spec's limit (per rank per step)
     long_prefill_token_threshold: int | None = None
     max_model_len: int | None = None

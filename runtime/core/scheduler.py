@@ -32,6 +32,7 @@ from runtime.core.cache_manager import CacheManager, Hit, PageCopy, Pin, Save, t
 from runtime.core.mtp_slots import SlotTable
 from runtime.core.prefix_cache import CacheStats, Layout
 from runtime.core.request import Request, Status
+from runtime.core.speculation import Speculation
 
 _ARRIVAL = attrgetter("arrival")
 
@@ -40,15 +41,22 @@ _ARRIVAL = attrgetter("arrival")
 class SchedulerConfig:
     ranks: int
     prefill_slots: int            # chunks per rank per prefill launch
-    decode_batch: int             # rows per rank per decode launch
-    micro_batches: int            # decode launches per step, at most
-    k: int                        # speculative tokens per decode row (0 = MTP off)
+    decode_batch: int             # rows per rank per decode launch (the widest K's)
+    micro_batches: int            # decode launches of decode_batch rows per step, at most
+    k: int                        # speculative tokens per decode row, at most (0 = MTP off)
     effective_extent: int         # most tokens of one prefill chunk
     max_num_batched_tokens: int   # per rank per step
     max_num_seqs: int
     max_model_len: int
     chunked_prefill: bool = True
     prefix_affinity: int = 4      # running requests a prefix hit may outweigh
+    # rows per rank per launch of a step of each K (index K; 0: not served); empty:
+    # decode_batch for every K
+    batches: tuple[int, ...] = ()
+
+    def batch(self, k: int) -> int:
+        """Rows per rank per decode launch of a step of K drafts."""
+        return self.batches[k] if self.batches else self.decode_batch
 
     @property
     def max_running_per_rank(self) -> int:
@@ -76,6 +84,7 @@ class PrefillChunk:
 class SchedulerOutput:
     # Decode launches; a request's row is its index among its rank's requests in the launch.
     decode: list[list[Request]] = field(default_factory=list)
+    k: int | None = None          # the decode launches' drafts (None: the runner's K)
     prefill: list[PrefillChunk] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     fresh_blocks: dict[tuple[int, str], list[int]] = field(default_factory=dict)
@@ -136,8 +145,10 @@ def _prefill_target(request: Request) -> int:
 class Scheduler:
     def __init__(self, config: SchedulerConfig, pool: BlockPool,
                  block_formulas: Mapping[str, Callable[[int], int]],
-                 slots: SlotTable | None = None, layout: Layout | None = None):
+                 slots: SlotTable | None = None, layout: Layout | None = None,
+                 speculation: Speculation | None = None):
         self.config, self.slots = config, slots
+        self.speculation = speculation or Speculation(config.k)
         self.cache = CacheManager(pool, block_formulas, layout, config.k)
         self.waiting: deque[Request] = deque()
         self.running: list[list[Request]] = [[] for _ in range(config.ranks)]
@@ -196,7 +207,9 @@ class Scheduler:
         out = SchedulerOutput(saves=self.cache.take_finals())
         budget = [self.config.max_num_batched_tokens] * self.config.ranks
         rows = [self._schedule_decode(rank, out, budget) for rank in range(self.config.ranks)]
-        out.decode = self._launches(rows)
+        count = sum(map(len, rows))
+        out.k = self.speculation.choose(count) if count else self.config.k
+        out.decode = self._launches(rows, self.config.batch(out.k))
         used = [0] * self.config.ranks
         for rank in range(self.config.ranks):
             prefilling = sorted((r for r in self.running[rank] if r.prefilling),
@@ -237,9 +250,9 @@ class Scheduler:
                  if r.arrival > request.arrival and id(r) not in scheduled]
         return max(later, key=lambda r: r.arrival, default=None)
 
-    def _launches(self, rows: list[list[Request]]) -> list[list[Request]]:
-        """Cut each rank's rows into micro-batches; launch i takes batch i of every rank."""
-        batch = self.config.decode_batch
+    def _launches(self, rows: list[list[Request]], batch: int) -> list[list[Request]]:
+        """Cut each rank's rows into micro-batches of `batch` rows; launch i takes batch i
+        of every rank."""
         count = max((-(-len(r) // batch) for r in rows), default=0)
         return [[req for r in rows for req in r[i * batch:(i + 1) * batch]] for i in range(count)]
 

@@ -27,8 +27,8 @@ class GrammarMasks:
         self._masks: TokenMasks | None = None
         self._lock = threading.Lock()
         self._compiler: ThreadPoolExecutor | None = None
-        self._all_allowed: np.ndarray | None = None    # the unconstrained draft mask,
-        self._all_allowed_here: torch.Tensor | None = None     # and its device copy
+        # the unconstrained draft mask of each launch shape, and its device copy
+        self._all_allowed: dict[tuple[int, int], tuple[np.ndarray, torch.Tensor]] = {}
 
     # -- matchers --------------------------------------------------------------------
 
@@ -85,12 +85,13 @@ class GrammarMasks:
         token allowed but to the (request, row)s of `rows`, which take `tail_masks`.
         Without constrained rows it is a device tensor made once (nothing crosses from
         the host), shared: no caller writes to it."""
-        if self._all_allowed is None or self._all_allowed.shape[:2] != shape:
-            self._all_allowed = np.full((*shape, (self.vocab_size + 31) // 32), -1, np.int32)
-            self._all_allowed_here = torch.from_numpy(self._all_allowed).to(self.device)
+        if shape not in self._all_allowed:
+            words = np.full((*shape, (self.vocab_size + 31) // 32), -1, np.int32)
+            self._all_allowed[shape] = words, torch.from_numpy(words).to(self.device)
+        host, here = self._all_allowed[shape]
         if tail_masks is None:
-            return self._all_allowed_here
-        mask = self._all_allowed.copy()
+            return here
+        mask = host.copy()
         for (request, row), words in zip(rows, tail_masks):
             mask[request.rank, row] = words
         return mask
@@ -102,13 +103,14 @@ class GrammarMasks:
 
     def allowed_after_draft(self, requests: list[Request], tail_masks: np.ndarray | None,
                             draft: torch.Tensor) -> torch.Tensor | None:
-        """[n, 2, V] bool for fused MTP rows: the mask at the tail (the launch drafted
-        under it too) and the mask after the draft. The drafts of constrained rows come to
-        the host for it (one small copy, only in a step that has such a row)."""
+        """[n, K+1, V] bool for fused MTP rows with drafts [n, K]: the mask at the tail
+        (the launch drafted under it too), then the mask after each draft. The drafts of
+        constrained rows come to the host for it (one small copy, only in a step that has
+        such a row)."""
         if tail_masks is None:
             return None
         later = self.token_masks().draft_masks(requests, draft.tolist(), tail_masks)
-        return self._unpack(np.stack((tail_masks, later), axis=1))
+        return self._unpack(np.concatenate((tail_masks[:, None], later), axis=1))
 
     def _unpack(self, masks: np.ndarray) -> torch.Tensor:
         words = torch.from_numpy(masks).to(self.device)

@@ -20,6 +20,7 @@ from types import ModuleType
 import numpy as np
 import torch
 
+from contract.abi import KernelABI
 from runtime.core.request import Request
 from runtime.core.scheduler import PrefillChunk, SchedulerOutput
 from runtime.device.block_tables import BlockTables
@@ -46,14 +47,13 @@ def live(rows: Rows, width: int, ordered: bool = True) -> np.ndarray:
 
 
 class LaunchInputs:
-    """The inputs of `ranks` ranks' launches under spec `spec`, K = `k` drafts."""
+    """The inputs of `ranks` ranks' launches under spec `spec`; a decode launch's come
+    from its kernel (its rows per rank and its K)."""
 
-    def __init__(self, spec: ModuleType, k: int, ranks: int, device: torch.device):
-        self.spec, self.k, self.ranks, self.device = spec, k, ranks, device
+    def __init__(self, spec: ModuleType, ranks: int, device: torch.device):
+        self.spec, self.ranks, self.device = spec, ranks, device
         self.contract = spec.contract
-        self.batch = self.contract.DECODE_LAYOUTS[k].batch     # decode rows per rank
         self.prefill_shape = (ranks, self.contract.SLOTS_PER_RANK)
-        self.decode_shape = (ranks, self.batch)
         self.blocks = BlockTables(spec.pools.GROUPS, ranks, spec.pools.REQUEST_SLOTS_PER_RANK,
                                   device)
 
@@ -75,9 +75,13 @@ class LaunchInputs:
 
     # -- decode ----------------------------------------------------------------------
 
-    def decode_step(self, launches: list[list[Request]]) -> DecodeStep:
-        """The step's decode launches laid out at once (see DecodeStep)."""
-        return DecodeStep(launches, self.batch, self.ranks, self.blocks, self.k,
+    def decode_shape(self, kernel: KernelABI) -> tuple[int, int]:
+        """[ranks, batch]: the rows of a launch of decode kernel `kernel`."""
+        return (self.ranks, kernel.rows)
+
+    def decode_step(self, launches: list[list[Request]], kernel: KernelABI) -> DecodeStep:
+        """The step's decode launches of `kernel` laid out at once (see DecodeStep)."""
+        return DecodeStep(launches, kernel.rows, self.ranks, self.blocks, kernel.k,
                           self.contract.TILE, self.device)
 
     # -- prefill ---------------------------------------------------------------------
@@ -151,16 +155,16 @@ class LaunchInputs:
         lens[0, :live] = self.contract.TILE
         return lens
 
-    def warm_decode(self, live: int) -> dict:
-        """A decode of `live` rows on empty tables; with MTP, on the scratch slot
+    def warm_decode(self, live: int, kernel: KernelABI) -> dict:
+        """A decode of `live` rows on empty tables; fused, on the scratch slot
         (generation 0, on scratch pages)."""
-        common = dict(context=self.contract.TILE, **self._empty_tables(self.batch))
-        if self.k:
-            slots = np.full(self.decode_shape, -1, np.int32)
+        shape = self.decode_shape(kernel)
+        common = dict(context=self.contract.TILE, **self._empty_tables(kernel.rows))
+        if kernel.kind == "decode_mtp":
+            slots = np.full(shape, -1, np.int32)
             slots[0, :live] = self.spec.pools.REQUEST_SLOTS_PER_RANK
-            return dict(slot_ids=slots, slot_gens=np.zeros(self.decode_shape, np.int64),
-                        **common)
-        lens = np.zeros(self.decode_shape, np.int32)
+            return dict(slot_ids=slots, slot_gens=np.zeros(shape, np.int64), **common)
+        lens = np.zeros(shape, np.int32)
         lens[0, :live] = 1
-        return dict(token_ids=np.zeros(self.decode_shape + (1,), np.int64),
-                    positions=np.zeros(self.decode_shape, np.int32), row_lens=lens, **common)
+        return dict(token_ids=np.zeros(shape + (1,), np.int64),
+                    positions=np.zeros(shape, np.int32), row_lens=lens, **common)

@@ -80,12 +80,14 @@ class ModelRunner:
     (runtime/executor/executor.py) of one process.
 
     `checkpoint`: its tokenizer serves structured outputs; `defer_compile`: graphs not
-    compiled yet run eagerly meanwhile (the backend's `defer`)."""
+    compiled yet run eagerly meanwhile (the backend's `defer`); `adaptive`: each step
+    brings its K (SchedulerOutput.k, 0..k) and every decode runs the fused kernel of
+    that K (FUSED_BY_K), so that the MTP state follows every step."""
 
     def __init__(self, spec: ModuleType, params: ModelParams, blocks: dict[str, int], k: int,
                  backend: str, device: torch.device, ranks: int | None = None, *,
                  max_logprobs: int = 20, checkpoint: Path | None = None,
-                 defer_compile: bool = False):
+                 defer_compile: bool = False, adaptive: bool = False):
         self.spec, self.params, self.k, self.device = spec, params, k, device
         self.ranks = ranks or spec.contract.RANKS
         self.pools = allocate_pools(spec, blocks, device, ranks=self.ranks)
@@ -93,14 +95,16 @@ class ModelRunner:
         self.prefill = Launcher(spec.kernels.PREFILL_MAIN, device, backend, ranks=self.ranks)
         self.prefill_mtp = Launcher(spec.kernels.PREFILL_MTP, device, backend, ranks=self.ranks) \
             if k else None
-        self.decode = Launcher(spec.kernels.DECODE_BY_K[k], device, backend, ranks=self.ranks)
-        self.backend = self.decode.backend        # every launcher's: one per name
+        kernels = spec.kernels.FUSED_BY_K if adaptive else spec.kernels.DECODE_BY_K
+        self.decoders = {j: Launcher(kernels[j], device, backend, ranks=self.ranks)
+                         for j in (range(k + 1) if adaptive else (k,))}
+        self.backend = self.prefill.backend       # every launcher's: one per name
         if defer_compile:
             self.backend.defer = True
         self.max_logprobs = max_logprobs
         self.dispatches: Counter[str] = Counter()
         self.timing = Timing()
-        self.inputs = LaunchInputs(spec, k, self.ranks, device)
+        self.inputs = LaunchInputs(spec, self.ranks, device)
         self.masks = GrammarMasks(checkpoint, spec.architecture.CONFIG, device)
         self.sampler = Sampler(self.ranks, spec.pools.REQUEST_SLOTS_PER_RANK + 1,
                                params.args.vocab_size, device, self.masks, self.timing)
@@ -119,9 +123,10 @@ class ModelRunner:
         self.inputs.update(out)
         page_copies.copy_pages(self.pools, out.restores, self.device)
         results: dict[Request, StepResult] = {}
-        step = self.inputs.decode_step(out.decode)
-        sampled = self._sample_decoded([self._decode(step, i, results)
-                                        for i in range(len(step))], results)
+        decoder = self.decoders[self.k if out.k is None else out.k]
+        step = self.inputs.decode_step(out.decode, decoder.kernel)
+        sampled = self._sample_decoded([self._decode(decoder, step, i, results)
+                                        for i in range(len(step))], decoder.kernel, results)
         launches = out.prefill_launches()
         if extents is None:
             extents = prefill_extents(self.spec.contract, launches)
@@ -171,14 +176,16 @@ class ModelRunner:
         write only scratch pages, so no request's state is touched. A compiling
         backend compiles (or loads from its cache) every graph here."""
         held = dict(pools=self.pools, weights=self.params)
-        drafts = dict(draft_mask=self.masks.draft_mask(self.inputs.decode_shape),
-                      mtp=self.mtp) if self.k else {}
         for live in (1, 2):
             out = self.prefill.launch(**self.inputs.warm_prefill(live), **held)
             if self.k:
                 self.prefill_mtp.launch(mtp_hidden=out.mtp_hidden,
                                         **self.inputs.warm_prefill_mtp(live), **held)
-            self.decode.launch(**self.inputs.warm_decode(live), **drafts, **held)
+            for decoder in self.decoders.values():
+                kernel = decoder.kernel
+                drafts = dict(draft_mask=self.masks.draft_mask(self.inputs.decode_shape(kernel)),
+                              mtp=self.mtp) if kernel.kind == "decode_mtp" else {}
+                decoder.launch(**self.inputs.warm_decode(live, kernel), **drafts, **held)
 
     def graphs(self) -> Graphs | None:
         """The backend's graphs if they compile (None: an eager backend, or no launch
@@ -207,37 +214,40 @@ class ModelRunner:
 
     # -- decode ----------------------------------------------------------------------
 
-    def _decode(self, step: DecodeStep, i: int, results) -> Decoded | None:
+    def _decode(self, decoder: Launcher, step: DecodeStep, i: int,
+                results) -> Decoded | None:
         """Launch i of the step; its rows' outputs copied out for the step's sampling."""
         requests = step.requests_of(i)
         common = dict(pools=self.pools, weights=self.params,
-                      **step.common(i, self.decode.buffers))
-        if self.k:
-            return self._decode_mtp(step, i, requests, common, results)
-        out = self._launch(self.decode, **step.tokens(i), **common)
+                      **step.common(i, decoder.buffers))
+        if decoder.kernel.kind == "decode_mtp":
+            return self._decode_mtp(decoder, step, i, requests, common, results)
+        out = self._launch(decoder, **step.tokens(i), **common)
         if not requests:
             return None
         return Decoded(requests, out.logits.view(-1, out.logits.shape[-1])[step.outputs(i)])
 
-    def _decode_mtp(self, step: DecodeStep, i: int, requests: list[Request], common: dict,
-                    results) -> Decoded | None:
+    def _decode_mtp(self, decoder: Launcher, step: DecodeStep, i: int,
+                    requests: list[Request], common: dict, results) -> Decoded | None:
         """The fused MTP decode: draft under each usable row's grammar mask; the step
         verifies."""
         ok = self.sampler.usable(requests, results)
         kept = requests if len(ok) == len(requests) else [requests[j] for j in ok]
         tail_masks = self.masks.masks(kept)
         constrained = [] if tail_masks is None else list(zip(kept, step.rows(i, ok)))
-        draft_mask = self.masks.draft_mask(self.inputs.decode_shape, constrained, tail_masks)
-        out = self._launch(self.decode, draft_mask=draft_mask, mtp=self.mtp,
+        draft_mask = self.masks.draft_mask(self.inputs.decode_shape(decoder.kernel),
+                                           constrained, tail_masks)
+        out = self._launch(decoder, draft_mask=draft_mask, mtp=self.mtp,
                            **step.slots(i), **common)
         if not kept:
             return None
         flat = step.outputs(i, ok)
         return Decoded(kept, out.logits.view(-1, *out.logits.shape[2:])[flat],     # copies
-                       out.draft_ids.view(-1, out.draft_ids.shape[-1])[flat][:, 0],
+                       out.draft_ids.flatten(0, 1)[flat],
                        tail_masks, out.hidden.view(-1, *out.hidden.shape[2:])[flat])
 
-    def _sample_decoded(self, decoded: list[Decoded | None], results) -> list[Sampled]:
+    def _sample_decoded(self, decoded: list[Decoded | None], kernel,
+                        results) -> list[Sampled]:
         """Every decode launch's rows sampled in one call; fused, verified in one call
         and their MTP slots advanced in one update (a request is in one launch a step,
         and its slot is read again only by the next step)."""
@@ -245,12 +255,30 @@ class ModelRunner:
         if not parts:
             return []
         step = Decoded.joined(parts)
-        if not self.k:
+        if kernel.kind != "decode_mtp":
             return self.sampler.sample(step.requests, step.logits, results)
-        sampled, kept = self.sampler.verify(step.requests, step.logits, step.draft,
-                                            step.tail_masks, self.k)
-        self.mtp_slots.advance(step.requests, sampled.tokens, kept, step.hidden)
+        if not kernel.k:            # nothing drafted: the tail's row, sampled
+            sampled = self.sampler.sample(step.requests, step.logits[:, 0], results)
+            if sampled:
+                self._advance(step, sampled[0], None)
+            return sampled
+        sampled, accepted = self.sampler.verify(step.requests, step.logits, step.draft,
+                                                step.tail_masks, kernel.k)
+        self._advance(step, sampled, accepted)
         return [sampled]
+
+    def _advance(self, step: Decoded, sampled: Sampled, accepted: torch.Tensor | None) -> None:
+        """The MTP slots of the sampled rows after the step: `accepted` [n] drafts kept
+        per row (None: none drafted)."""
+        hidden = step.hidden
+        if len(sampled.requests) < len(step.requests):     # rows that failed alone left
+            at = {r: j for j, r in enumerate(step.requests)}
+            hidden = hidden[torch.tensor([at[r] for r in sampled.requests],
+                                         device=hidden.device)]
+        if accepted is None:
+            accepted = torch.zeros(len(sampled.requests), dtype=torch.long,
+                                   device=hidden.device)
+        self.mtp_slots.advance(sampled.requests, sampled.tokens, accepted, hidden)
 
     # -- prefill ---------------------------------------------------------------------
 

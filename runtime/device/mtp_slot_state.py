@@ -57,21 +57,21 @@ class MtpSlotState:
         home = upload([ch.slot for ch in chunks], self.device)
         self.mtp.hidden[rank, slot] = hidden[rank, home, width]
 
-    def advance(self, requests: list[Request], tokens: torch.Tensor, kept: torch.Tensor,
+    def advance(self, requests: list[Request], tokens: torch.Tensor, accepted: torch.Tensor,
                 hidden: torch.Tensor) -> None:
-        """The slots' state after verification: the new tail (the bonus token if the
-        draft was kept, else the target), its position, and the streams before it.
-        tokens [n, 2], kept [n] bool, hidden [n, 2, hc, d]: the launch's rows."""
+        """The slots' state after verification: with a = accepted[i] drafts kept, the new
+        tail is the row's token a (the bonus if every draft was kept, else the target),
+        at a + 1 positions on, and the streams before it are the main model's at row a.
+        tokens [n, K + 1], accepted [n] int64, hidden [n, K + 1, hc, d]: the step's rows."""
         f = self.field
         rank, slot = self._rank_slot(requests)
         state = self.mtp.slots[rank, slot]
-        step = 1 + kept.long()
-        tail_pos = state[:, f.TAIL_POS] + step
-        state[:, f.TAIL_TOKEN] = tokens.gather(1, kept.long()[:, None])[:, 0]
+        tail_pos = state[:, f.TAIL_POS] + 1 + accepted
+        state[:, f.TAIL_TOKEN] = tokens.gather(1, accepted[:, None])[:, 0]
         state[:, f.TAIL_POS], state[:, f.COMMITTED] = tail_pos, tail_pos + 1
         self.mtp.slots[rank, slot] = state
         self.mtp.hidden[rank, slot] = hidden[torch.arange(len(requests), device=self.device),
-                                             kept.long()]
+                                             accepted]
 
     def _rank_slot(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
         n = len(requests)

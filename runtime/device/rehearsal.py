@@ -121,7 +121,7 @@ class Rehearsal:
         """The device sampler over a step's decode logits (every decode launch a rank
         runs in a step: they are sampled in one call), every row with every feature
         (temperature, top-k, top-p, min-p, penalties, a logit bias, a grammar mask); with
-        MTP (seq 2) the verification of each row's draft."""
+        MTP (seq K + 1) the verification of each row's drafts."""
         rows = kernel.rows * self.spec.contract.DECODE_MICRO_BATCHES
         vocab = self.spec.architecture.CONFIG["vocab_size"]
         tokens = rows * kernel.seq
@@ -169,11 +169,12 @@ class Rehearsal:
 
 
 def _sample_or_verify(logits, rows, counts, seen, allowed) -> None:
-    """batch_sampler.sample over logits [N, 1, V], or verify over [N, 2, V] (drafts: 1)."""
+    """batch_sampler.sample over logits [N, 1, V], or verify over [N, K + 1, V] (every
+    draft: 1)."""
     if logits.shape[1] == 1:
         batch_sampler.sample(logits[:, 0], rows, counts, seen, allowed[:, 0])
     else:
-        draft = torch.ones(logits.shape[0], dtype=torch.long, device=logits.device)
+        draft = torch.ones(logits.shape[:2], dtype=torch.long, device=logits.device)[:, 1:]
         batch_sampler.verify(logits, draft, rows, counts, seen, allowed)
 
 

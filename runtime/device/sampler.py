@@ -1,7 +1,7 @@
 """A step's decode rows sampled on the device in one call: each request's sampling row
 (its parameters and stream, written to its state slot at admission; its output index)
 over the SamplingState, and the batch sampler's call, plain (one token per row) or
-verifying an MTP draft (one or two per row).
+verifying K MTP drafts (one to K + 1 per row).
 
 Per request, only the host's share of the work can fail alone: a request whose row
 cannot be built gets a StepResult carrying the error and leaves the step."""
@@ -97,20 +97,21 @@ class Sampler:
 
     def verify(self, requests: list[Request], logits: torch.Tensor, draft: torch.Tensor,
                tail_masks: np.ndarray | None, drafted: int) -> tuple[Sampled, torch.Tensor]:
-        """Fused MTP rows (usable ones): logits [n, 2, V] at the tail and after the
-        draft [n]; the target, and the bonus token where the draft is kept. Returns the
-        sampled rows and `kept` [n] bool."""
+        """Fused MTP rows (usable ones): logits [n, K+1, V] at the tail and after each of
+        the drafts [n, K]; each row commits its kept drafts, then the target where one was
+        rejected or the bonus token where all were kept. Returns the sampled rows (count:
+        1 + accepted) and `accepted` [n] int64, the drafts kept per row."""
         t0 = time.perf_counter()
         rows_params = self.params(requests)
         counts, seen = self.sampling.penalties(rows_params)
         allowed = self.masks.allowed_after_draft(requests, tail_masks, draft)
-        tokens, kept, sound = batch_sampler.verify(logits, draft, rows_params, counts, seen,
-                                                   allowed)
-        count = 1 + kept.long()
+        tokens, accepted, sound = batch_sampler.verify(logits, draft, rows_params, counts,
+                                                       seen, allowed)
+        count = 1 + accepted
         self.sampling.count(rows_params, tokens, count)
         self.timing.sample += time.perf_counter() - t0
         return Sampled(requests, tokens, count, sound, drafted,
-                       logits if _logprobs_wanted(requests) else None), kept
+                       logits if _logprobs_wanted(requests) else None), accepted
 
 
 def _logprobs_wanted(requests: list[Request]) -> bool:

@@ -61,8 +61,8 @@ class Decoded:
     launch reuses them) until the step samples every launch's rows at once."""
 
     requests: list[Request]
-    logits: torch.Tensor                  # [n, V], fused MTP: [n, 2, V]
-    draft: torch.Tensor | None = None     # [n] the MTP draft (fused)
+    logits: torch.Tensor                  # [n, V], fused MTP: [n, K + 1, V]
+    draft: torch.Tensor | None = None     # [n, K] the MTP drafts (fused)
     tail_masks: np.ndarray | None = None  # [n, words] grammar masks (fused, constrained)
     hidden: torch.Tensor | None = None    # [n, ...] the MTP layer's input (fused)
 

@@ -16,7 +16,7 @@ import logging
 import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,6 +52,9 @@ class Stats:
     drafts: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    # per draft position j: drafts kept there (vLLM's ..._num_accepted_tokens_per_pos)
+    accepted_per_position: list[int] = field(default_factory=list)
+    decode_steps_by_k: Counter[int] = field(default_factory=Counter)   # the K each chose
     schedule_seconds: float = 0.0
     requests_finished: int = 0
 
@@ -90,7 +93,8 @@ class Engine:
                         spec.contract.RANKS, device, spec.contract.RANKS)
         return ModelRunner(spec, self.params, self.capacity.blocks, self.k, self.backend,
                            device, max_logprobs=config.max_logprobs,
-                           checkpoint=Path(config.model), defer_compile=config.defer_compile)
+                           checkpoint=Path(config.model), defer_compile=config.defer_compile,
+                           adaptive=self.admission.adaptive)
 
     def warmup(self) -> dict[str, float]:
         """Compile (or load from the cache) every graph of a compiling backend before
@@ -159,6 +163,8 @@ class Engine:
             "prompt_tokens": s.prompt_tokens, "generation_tokens": s.generation_tokens,
             "preemptions": sched.num_preemptions, "drafts": s.drafts,
             "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
+            "accepted_per_position": list(s.accepted_per_position),
+            "decode_steps_by_k": {str(k): n for k, n in sorted(s.decode_steps_by_k.items())},
             "dispatches": dict(self.dispatches), "graphs": self.graph_info(),
             "prefix_cache": self.prefix_cache_info(),
         }
@@ -270,9 +276,14 @@ class Engine:
             return failed
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
-        self.stats.schedule_seconds += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        self.stats.schedule_seconds += t1 - t0
         results = self.executor.execute(out)
-        return failed + self._commit(out, results)
+        seconds = time.perf_counter() - t1
+        deltas = failed + self._commit(out, results)
+        if out.decode:
+            self._observe(out, results, None if out.prefill else seconds)
+        return deltas
 
     def _prepared(self) -> list[Delta]:
         """Schedule the requests whose grammar compiled (waiting a moment for one when
@@ -326,6 +337,28 @@ class Engine:
         self._forget(request)
         return Delta(request.request_id, [], True, "error", error=why,
                      num_cached_tokens=request.num_cached_tokens)
+
+    def _observe(self, out: SchedulerOutput, results: dict[Request, StepResult],
+                 seconds: float | None) -> None:
+        """Tell the speculation policy what a decode step cost (`seconds`: None when it
+        also prefilled) and which draft positions its rows reached and kept."""
+        k = self.k if out.k is None else out.k
+        reached, kept = [0] * k, [0] * k
+        rows = 0
+        for request in (r for launch in out.decode for r in launch):
+            rows += 1
+            result = results.get(request)
+            if k and result is not None and result.drafted == k:
+                for j in range(min(result.accepted + 1, k)):
+                    reached[j] += 1
+                for j in range(result.accepted):
+                    kept[j] += 1
+        self.stats.decode_steps_by_k[k] += 1
+        if len(self.stats.accepted_per_position) < k:
+            self.stats.accepted_per_position += [0] * (k - len(self.stats.accepted_per_position))
+        for j, n in enumerate(kept):
+            self.stats.accepted_per_position[j] += n
+        self.scheduler.speculation.observe(k, rows, seconds, reached, kept)
 
     def _count_drafts(self, request: Request, result: StepResult) -> None:
         request.draft_tokens += result.drafted

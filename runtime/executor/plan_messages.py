@@ -112,6 +112,7 @@ class Plan(msgspec.Struct, array_like=True, tag=True):
     snapshots: list[SaveCopies]
     extents: list[int]                      # the main prefill launches' over every rank
     forget: list[int]                       # handles of requests the engine forgot
+    k: int | None = None                    # the decode launches' drafts (None: the K)
 
 
 class Heartbeat(msgspec.Struct, array_like=True, tag=True):

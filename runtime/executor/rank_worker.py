@@ -99,7 +99,8 @@ class RankWorker:
                                   backend_name(config, spec), self.device, ranks=1,
                                   max_logprobs=config.max_logprobs,
                                   checkpoint=Path(config.model),
-                                  defer_compile=config.defer_compile)
+                                  defer_compile=config.defer_compile,
+                                  adaptive=admission.adaptive)
         self.pool_bytes = admission.capacity.bytes
         self.reader = PlanReader(rank)
         self.encoder = msgspec.msgpack.Encoder()

@@ -14,6 +14,8 @@ from runtime.core.mtp_slots import SlotTable
 from runtime.core.prefix_cache import Layout, Unsupported
 from runtime.core.sampling_params import InvalidParam, SamplingParams
 from runtime.core.scheduler import Scheduler, SchedulerConfig, refusal
+from runtime.core.speculation import POLICIES, Speculation
+from runtime.core.speculation import make as make_speculation
 from runtime.planning import capacity
 from runtime.planning.memory_plan import MemoryPlan
 
@@ -45,6 +47,7 @@ class Admission:
     max_stop_token_ids: int = 1024
     layout: Layout | None = None              # prefix caching; None: off
     memory: MemoryPlan | None = None          # pools sized from a device's memory
+    policy: str = "fixed"                     # --speculative-policy
 
     @classmethod
     def plan(cls, config: Any, spec: ModuleType, ranks: int | None = None) -> Admission:
@@ -73,7 +76,7 @@ class Admission:
                               f"request of max_model_len {limits.max_model_len}; give the "
                               "cache more memory or lower --max-model-len")
         return cls(spec, k, limits, cap, config.max_logprobs, config.max_stop_strings,
-                   config.max_stop_token_ids, layout, memory)
+                   config.max_stop_token_ids, layout, memory, config.speculative_policy)
 
     def check_weights(self, held: int) -> None:
         """ConfigError if a rank's loaded weights, its pools and the workspace overrun
@@ -108,7 +111,17 @@ class Admission:
         c = self.spec.contract
         return Scheduler(self.limits, BlockPool(self.capacity.blocks, c.RANKS),
                          {g: grp.blocks_for for g, grp in self.spec.pools.GROUPS.items()},
-                         SlotTable(c.RANKS, c.REQUEST_SLOTS_PER_RANK), self.layout)
+                         SlotTable(c.RANKS, c.REQUEST_SLOTS_PER_RANK), self.layout,
+                         self.speculation())
+
+    def speculation(self) -> Speculation:
+        """The policy choosing each decode step's K (runtime/core/speculation.py)."""
+        return make_speculation(self.policy, self.k)
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether steps choose their K: every decode launches a fused kernel."""
+        return self.policy == "adaptive"
 
     @property
     def vocab_size(self) -> int:
@@ -208,6 +221,13 @@ def _resolve(config: Any, spec: ModuleType) -> tuple[int, SchedulerConfig]:
     if k > MAX_K:
         raise ConfigError(f"--num-speculative-tokens {k}: this runtime verifies at most "
                           f"{MAX_K} draft tokens per step")
+    policy = getattr(config, "speculative_policy", "fixed")
+    if policy not in POLICIES:
+        raise ConfigError(f"--speculative-policy {policy!r}: one of {', '.join(POLICIES)}")
+    if policy == "adaptive" and not k:
+        raise ConfigError("--speculative-policy adaptive chooses K per step up to "
+                          "--num-speculative-tokens, which is 0: give it the most drafts "
+                          "a step may take (1 to 3)")
     limits = {}
     for name in ("max_num_batched_tokens", "long_prefill_token_threshold", "max_model_len",
                  "max_num_seqs"):
@@ -222,10 +242,13 @@ def _resolve(config: Any, spec: ModuleType) -> tuple[int, SchedulerConfig]:
         raise ConfigError(f"--no-enable-chunked-prefill needs max_model_len "
                           f"({limits['max_model_len']}) within one prefill dispatch ({extent}); "
                           "lower --max-model-len")
-    layout = c.DECODE_LAYOUTS[k]
+    # adaptive: every K up to k, each step cut by its own layout's batch; a rank runs as
+    # many requests as the widest of them takes
+    ks = range(k + 1) if policy == "adaptive" else [k]
+    batches = tuple(c.DECODE_LAYOUTS[j].batch if j in ks else 0 for j in range(k + 1))
     return k, SchedulerConfig(
-        ranks=c.RANKS, prefill_slots=c.SLOTS_PER_RANK, decode_batch=layout.batch,
-        micro_batches=c.DECODE_MICRO_BATCHES, k=k, effective_extent=extent,
+        ranks=c.RANKS, prefill_slots=c.SLOTS_PER_RANK, decode_batch=max(batches),
+        batches=batches, micro_batches=c.DECODE_MICRO_BATCHES, k=k, effective_extent=extent,
         max_num_batched_tokens=limits["max_num_batched_tokens"],
         max_num_seqs=limits["max_num_seqs"], max_model_len=limits["max_model_len"],
         chunked_prefill=config.enable_chunked_prefill,

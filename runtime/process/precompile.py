@@ -1,7 +1,8 @@
 """Compile every graph a configuration needs and save it, then exit:
 
     python -m runtime.process.precompile --spec tiny [--model DIR]
-        [--num-speculative-tokens K] [--device cpu] [--distributed-executor-backend mp]
+        [--num-speculative-tokens K] [--speculative-policy adaptive] [--device cpu]
+        [--distributed-executor-backend mp]
 
 Without --num-speculative-tokens, the graphs of every K the spec declares (and this
 runtime serves), so that a later run at any K finds them. With mp, the rank processes'
@@ -22,6 +23,7 @@ import time
 
 import generated
 from runtime.core.config import EngineConfig
+from runtime.core.speculation import POLICIES
 from runtime.engine.engine import Engine
 from runtime.executor.parent_watch import arm_death_signal
 from runtime.planning.admission import servable_ks
@@ -38,6 +40,8 @@ def precompile_command(config: EngineConfig, k: int | None = None) -> list[str]:
     k = config.num_speculative_tokens if k is None else k
     if k is not None:
         command += ["--num-speculative-tokens", str(k)]
+    if config.speculative_policy != "fixed":     # the fused graphs of every K up to k
+        command += ["--speculative-policy", config.speculative_policy]
     if config.device:
         command += ["--device", config.device]
     return command
@@ -78,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", default="tiny")
     parser.add_argument("--model", required=True)
     parser.add_argument("--num-speculative-tokens", type=int, default=None)
+    parser.add_argument("--speculative-policy", choices=POLICIES, default="fixed")
     parser.add_argument("--device", default=None)
     parser.add_argument("--distributed-executor-backend", choices=("uni", "mp"),
                         default="uni")
@@ -88,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     # capacity
     seconds = compile_all(EngineConfig(
         spec=args.spec, model=args.model, num_speculative_tokens=args.num_speculative_tokens,
-        device=args.device, backend="compiled", max_model_len=1024,
+        speculative_policy=args.speculative_policy, device=args.device, backend="compiled",
+        max_model_len=1024,
         distributed_executor_backend=args.distributed_executor_backend))
     logging.getLogger("v4serve.graphs").info(
         "%d graphs ready in %.1f s", len(seconds), time.perf_counter() - start)

@@ -5,9 +5,9 @@ runtime/sampling/sampling_state.py):
 
     logit bias, then penalties (repetition over prompt + output, presence and frequency
     over the output), then the grammar mask, then greedy (temperature < SAMPLING_EPS) or
-    temperature, top-k, top-p, min-p and a draw; the draft of a fused MTP row is kept
-    with probability p(draft) (greedy: when it is the argmax), else the row draws from p
-    without it.
+    temperature, top-k, top-p, min-p and a draw; each of the K drafts of a fused MTP row,
+    in turn, is kept with probability p(draft) (greedy: when it is the argmax), else the
+    row draws from p without it and stops there.
 
 Draws use the exponential race: token = argmax(p / E), E ~ Exp(1), with E from a
 counter-based hash of (row seed, output index, token id). A seeded request therefore
@@ -138,15 +138,47 @@ def verify(logits: torch.Tensor, draft: torch.Tensor, rows: RowParams,
            counts: torch.Tensor | None, seen: torch.Tensor | None,
            allowed: torch.Tensor | None = None
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Rows [tail, draft] of a fused MTP step: logits [N, 2, V], drafts [N] ->
-    (tokens [N, 2], accepted [N] bool, sound [N] bool): [draft, bonus] if the draft is
-    kept, else [target, -]. Lossless: a kept draft is a draw from p, a rejection draws
-    from p with the draft removed. allowed [N, 2, V]: each row's grammar mask at the tail
-    and after the draft."""
-    first = adjusted(logits[:, 0], rows, counts, seen, _at(allowed, 0))
+    """A fused MTP step's rows [tail, draft 0, .., draft K-1]: logits [N, K+1, V], drafts
+    [N, K] -> (tokens [N, K+1], accepted [N] int64, sound [N] bool). Row i commits
+    tokens[i, :a + 1], a = accepted[i]: its first a drafts, then the target drawn where
+    draft a was rejected, or (a = K) the bonus sampled at position K; entries past a mean
+    nothing. Lossless: position j keeps draft j with probability p_j(draft j), else draws
+    from p_j without it, p_j counting drafts 0..j-1 as output, its draws at counter
+    rows.counter + j. sound: positions 0..a were. allowed [N, K+1, V]: each row's grammar
+    mask at the tail and after each draft."""
+    k = draft.shape[1]
+    tokens = []
+    reached = torch.ones_like(draft[:, 0], dtype=torch.bool)    # drafts 0..j-1 all kept
+    accepted = torch.zeros(draft.shape[0], dtype=torch.long, device=draft.device)
+    sound = reached
+    for j in range(k):
+        at = replace(rows, counter=rows.counter + j)
+        target, kept, ok = _verify_at(logits[:, j], draft[:, j], at, counts, seen,
+                                      _at(allowed, j))
+        tokens.append(torch.where(kept, draft[:, j], target))
+        sound = sound & (ok | ~reached)
+        reached = reached & kept
+        accepted = accepted + reached.long()
+        counts, seen = _counted(counts, seen, draft[:, j])
+    bonus, ok = sample(logits[:, k], replace(rows, counter=rows.counter + k), counts, seen,
+                       _at(allowed, k))
+    tokens.append(bonus)
+    return torch.stack(tokens, dim=1), accepted, sound & (ok | ~reached)
+
+
+def _verify_at(logits: torch.Tensor, draft: torch.Tensor, rows: RowParams,
+               counts: torch.Tensor | None, seen: torch.Tensor | None,
+               allowed: torch.Tensor | None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One position of verify(): logits [N, V], drafts [N] -> (target [N], kept [N] bool,
+    sound [N] bool). The draft is kept when the uniform of lane V (a lane of its own) at
+    rows.counter is below p(draft) (greedy: when it is the argmax); the target is drawn at
+    that counter from p with the draft removed (greedy: the argmax; never the draft)."""
+    scores = adjusted(logits, rows, counts, seen, allowed)
+    best = scores.argmax(-1)
     if rows.greedy:
-        return _verify_greedy(logits, first, draft, rows, counts, seen, _at(allowed, 1))
-    probs = probabilities(first, rows)
+        return best, best == draft, torch.isfinite(scores).any(-1)
+    probs = probabilities(scores, rows)
     u = uniform(rows.seed, rows.counter, probs.shape[1] + 1)[:, -1]     # a lane of its own
     p_draft = probs.gather(1, draft[:, None])[:, 0]
     rest = probs.scatter(1, draft[:, None], 0.0)
@@ -154,37 +186,22 @@ def verify(logits: torch.Tensor, draft: torch.Tensor, rows: RowParams,
     kept = (u < p_draft) | (mass <= 0)          # no mass beside the draft: p(draft) was 1
     target = draw(rest / mass.clamp(min=1e-30)[:, None], rows.seed, rows.counter)
     greedy = _greedy(rows)
-    greedy_target = first.argmax(-1)
-    kept = torch.where(greedy, greedy_target == draft, kept)
-    target = torch.where(greedy, greedy_target, target)
-    if counts is not None:                     # the bonus row follows the draft
-        one = torch.zeros_like(counts).scatter_(1, draft[:, None], 1)
-        counts, seen = counts + one, seen | one.bool()
-    after = replace(rows, counter=rows.counter + 1)
-    bonus, sound = sample(logits[:, 1], after, counts, seen, _at(allowed, 1))
-    sound = sound & torch.where(greedy, torch.isfinite(first).any(-1),
-                                torch.isfinite(probs).all(-1))
-    tokens = torch.stack((torch.where(kept, draft, target), bonus), dim=1)
-    return tokens, kept, sound
+    sound = torch.where(greedy, torch.isfinite(scores).any(-1), torch.isfinite(probs).all(-1))
+    return (torch.where(greedy, best, target), torch.where(greedy, best == draft, kept),
+            sound)
+
+
+def _counted(counts: torch.Tensor | None, seen: torch.Tensor | None, tokens: torch.Tensor
+             ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The penalties (counts, seen) [N, V] once each row's token [N] is output too."""
+    if counts is None:
+        return counts, seen
+    one = torch.zeros_like(counts).scatter_(1, tokens[:, None], 1)
+    return counts + one, seen | one.bool()
 
 
 def _at(allowed: torch.Tensor | None, row: int) -> torch.Tensor | None:
     return None if allowed is None else allowed[:, row]
-
-
-def _verify_greedy(logits: torch.Tensor, first: torch.Tensor, draft: torch.Tensor,
-                   rows: RowParams, counts: torch.Tensor | None, seen: torch.Tensor | None,
-                   allowed: torch.Tensor | None
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """verify() when every row is greedy: the draft is kept exactly when it is the argmax."""
-    target = first.argmax(-1)
-    kept = target == draft
-    if counts is not None:
-        one = torch.zeros_like(counts).scatter_(1, draft[:, None], 1)
-        counts, seen = counts + one, seen | one.bool()
-    bonus, sound = sample(logits[:, 1], rows, counts, seen, allowed)
-    sound = sound & torch.isfinite(first).any(-1)
-    return torch.stack((torch.where(kept, draft, target), bonus), dim=1), kept, sound
 
 
 def unpack_mask(words: torch.Tensor, vocab: int) -> torch.Tensor:

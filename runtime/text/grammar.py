@@ -231,25 +231,31 @@ class TokenMasks:
                 out[i] = self.mask(request)
         return out
 
-    def draft_masks(self, requests: list, drafts: list[int], tail: np.ndarray) -> np.ndarray:
-        """[n, words]: each constrained request's mask one token later, had it accepted its
-        draft; `tail` [n, words] are the masks before it. A draft the grammar refuses
-        cannot be accepted (its probability is 0), and after the grammar's end nothing
-        changes: such rows keep the tail's mask."""
-        out = tail.copy()
-        for i, (request, draft) in enumerate(zip(requests, drafts)):
+    def draft_masks(self, requests: list, drafts: list[list[int]],
+                    tail: np.ndarray) -> np.ndarray:
+        """[n, K, words]: mask j of a constrained request is its mask had it accepted its
+        drafts 0..j (n lists of K); `tail` [n, words] are the masks before them. The
+        drafts are followed on a copy of the matcher up to the first the grammar refuses
+        (its probability is 0: it is rejected, and no later mask is read) or the
+        grammar's end (nothing changes after it): the row's remaining masks keep its last
+        mask. Unconstrained rows keep `tail` at every position."""
+        out = np.repeat(tail[:, None], len(drafts[0]) if drafts else 0, axis=1)
+        for i, (request, row) in enumerate(zip(requests, drafts)):
             if request.params.structured is None:
                 continue
             matcher = self._follow(request).matcher
-            # a refused token would leave the matcher in its error state: check it first,
-            # and read the mask after it on a copy
-            if matcher.is_stopped() or matcher.validate_tokens([draft]) != 1:
-                continue
-            ahead = matcher.deep_copy()
-            if ahead.consume_token(draft):
-                mask = self.vocabulary.bitmask(ahead)
-                if not ahead.is_error():
-                    out[i] = mask
+            for j, draft in enumerate(row):
+                # a refused token would leave the matcher in its error state: check it
+                # first; the request's own matcher is only read (copied at the first draft)
+                if matcher.is_stopped() or matcher.validate_tokens([draft]) != 1:
+                    break
+                matcher = matcher.deep_copy() if j == 0 else matcher
+                if not matcher.consume_token(draft):
+                    break
+                mask = self.vocabulary.bitmask(matcher)
+                if matcher.is_error():
+                    break
+                out[i, j:] = mask
         return out
 
     def adopt(self, request_id: str, matcher: llguidance.LLMatcher) -> None:

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from runtime.core.speculation import POLICIES
 from server.cli.spec_check import CACHE_DTYPES, default_model, load_current, served
 
 if TYPE_CHECKING:
@@ -57,7 +58,13 @@ def add_limit_args(parser: argparse.ArgumentParser) -> None:
                              "(fp8_ds main entries, FP4 indexer keys): the spec's own or its "
                              "<spec>-fp8 variant (default: auto)")
     parser.add_argument("--num-speculative-tokens", type=int, default=None,
-                        help="MTP draft tokens per step; 0 disables MTP (default: the spec's)")
+                        help="MTP draft tokens per step (with --speculative-policy adaptive: "
+                             "the most a step may take); 0 disables MTP (default: the spec's)")
+    parser.add_argument("--speculative-policy", choices=POLICIES, default="fixed",
+                        help="fixed: every decode step drafts --num-speculative-tokens; "
+                             "adaptive: each step drafts the K in 0..--num-speculative-tokens "
+                             "with the most expected tokens per second, from the measured "
+                             "cost of each K and the running acceptance (default: fixed)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None,
                         help="token budget per rank per step (default: the spec's)")
     parser.add_argument("--long-prefill-token-threshold", type=int, default=None,
@@ -166,6 +173,7 @@ def limit_fields(args: argparse.Namespace) -> dict:
     """EngineConfig's fields from add_limit_args' flags."""
     return dict(spec=served(args.spec, args.kv_cache_dtype).SPEC_NAME,
                 num_speculative_tokens=args.num_speculative_tokens,
+                speculative_policy=args.speculative_policy,
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 long_prefill_token_threshold=args.long_prefill_token_threshold,
                 max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,

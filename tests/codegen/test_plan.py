@@ -52,7 +52,7 @@ def test_flash_reference_layout(plans):
                        "hca_state": ("compute", 4096), "csa_state": ("compute", 8192),
                        "csa_inner_state": ("compute", 2048)}
     ori = _pool(flash, "ori")
-    assert ori.ring_pages == 3  # ceil((128 - 1 + 2) / 128) + 1
+    assert ori.ring_pages == 3  # ceil((128 - 1 + 4) / 128) + 1
     # 448 e4m3 values, 64 bfloat16 RoPE values, 7 scales, a byte of padding
     assert ori.page_bytes == 128 * 584 and ori.block_bytes == 44 * ori.page_bytes
     assert _pool(flash, "cmp_c4").table_width == 1048576 // 4 // 32
@@ -65,8 +65,9 @@ def test_generated_block_formulas_at_the_boundaries():
         "ori": {1: 1, 128: 1, 129: 2, 256: 2, 257: 3, 100000: 3},
         "cmp_c128": {127: 0, 128: 1, 255: 1, 256: 2},
         "cmp_c4": {3: 0, 4: 1, 128: 1, 131: 1, 132: 2},
-        "hca_state": {1: 1, 8: 1, 9: 2, 128: 16, 5000: 16},
-        "csa_state": {1: 1, 4: 1, 5: 2, 9: 2},
+        # state rings: the span and the K = 3 rows in flight past the first
+        "hca_state": {1: 1, 8: 1, 9: 2, 128: 16, 129: 17, 5000: 17},
+        "csa_state": {1: 1, 4: 1, 5: 2, 9: 3, 5000: 3},
     }
     for group, expected in cases.items():
         assert {n: GROUPS[group].blocks_for(n) for n in expected} == expected, group

@@ -119,16 +119,28 @@ def support(adjusted, params, tol, slack: float = 1e-4) -> np.ndarray:
                      for t in range(len(adjusted))], dtype=bool)
 
 
+def verify_distributions(logits, params, prompt, output, drafts: list[int], allowed=None
+                         ) -> tuple[list[np.ndarray], list[float]]:
+    """K MTP drafts: logits [K+1, V] (tail, then after each draft), the drafts [K], masks
+    [K+1, V] -> (dists: K+1 of [V], accepts: K). Position j is reached when drafts
+    0..j-1 were kept; there its committed token is distributed as dists[j] (drafts 0..j-1
+    counted as output; lossless, whatever draft j is), and draft j is kept with
+    probability accepts[j] = dists[j][draft j] (greedy: 1 when it is the argmax, else 0).
+    Position K's token is the bonus."""
+    rows = np.asarray(logits, dtype=np.float64)
+    dists = [distribution(adjusted_logits(rows[j], params, prompt, [*output, *drafts[:j]],
+                                          None if allowed is None else allowed[j]), params)
+             for j in range(len(drafts) + 1)]
+    return dists, [float(dists[j][d]) for j, d in enumerate(drafts)]
+
+
 def verify_distribution(logits, params, prompt, output, draft: int, allowed=None
                         ) -> tuple[np.ndarray, float, np.ndarray]:
-    """An MTP row pair: logits [2, V] (tail, draft), the draft token, masks [2, V] ->
-    (first [V], accept, bonus [V]). The first committed token is distributed as `first`
-    whatever the draft (lossless); the draft is kept with probability `accept` (greedy:
-    1 when it is the argmax, else 0), and then the bonus token is distributed as `bonus`
-    (the draft counted as output)."""
-    rows = np.asarray(logits, dtype=np.float64)
-    masks = (None, None) if allowed is None else allowed
-    first = distribution(adjusted_logits(rows[0], params, prompt, output, masks[0]), params)
-    bonus = distribution(adjusted_logits(rows[1], params, prompt, [*output, draft], masks[1]),
-                         params)
-    return first, float(first[draft]), bonus
+    """One MTP draft (verify_distributions with K = 1): logits [2, V] (tail, draft), the
+    draft token, masks [2, V] -> (first [V], accept, bonus [V]). The first committed
+    token is distributed as `first` whatever the draft (lossless); the draft is kept with
+    probability `accept` (greedy: 1 when it is the argmax, else 0), and then the bonus
+    token is distributed as `bonus` (the draft counted as output)."""
+    (first, bonus), (accept,) = verify_distributions(logits, params, prompt, output, [draft],
+                                                     allowed)
+    return first, accept, bonus

@@ -4,12 +4,13 @@ row_params, penalties, count):
 
     exact       bias, penalties, grammar masks, greedy choices, the probabilities of
                 temperature / top-k / top-p / min-p (atol 1e-5), extremes included
-    in law      draws (sample) and MTP verification (first token, bonus), by a
-                chi-square goodness-of-fit test on DRAWS draws with fixed seeds
+    in law      draws (sample) and MTP verification of K = 1, 2, 3 drafts (each
+                position's committed token, bonus included, and acceptance rate), by
+                a chi-square goodness-of-fit test on DRAWS draws with fixed seeds
     streams     seeds (negative and extreme ones too) and (seed, counter) determinism
 
 ALPHA: a chi-square test fails when its p-value is below ALPHA = 1e-6. The file asserts
-20 of them, so a correct sampler fails it with probability below 20 * 1e-6 = 2e-5 over
+39 of them, so a correct sampler fails it with probability below 39 * 1e-6 = 4e-5 over
 the choice of seeds; the seeds are fixed, so a run that passes passes every time.
 """
 from __future__ import annotations
@@ -392,12 +393,16 @@ def _verify_logits() -> torch.Tensor:
     return logits
 
 
-def _verify_draws(req: Req, logits: torch.Tensor, draft: int, allowed=None):
+def _verify_draws(req: Req, logits: torch.Tensor, drafts: list[int], allowed=None):
+    """DRAWS verifications of one row over distinct seeds: logits [K+1, V], drafts [K],
+    allowed [K+1, V] -> batch_sampler.verify's (tokens, accepted, sound)."""
+    positions = len(drafts) + 1
     rows, counts, seen = launch([req], [0] * DRAWS, [31 * i + 5 for i in range(DRAWS)],
                                 [len(req.output)] * DRAWS)
-    allowed = None if allowed is None else allowed.expand(DRAWS, 2, V)
-    return batch_sampler.verify(logits.expand(DRAWS, 2, V),
-                                torch.full((DRAWS,), draft), rows, counts, seen, allowed)
+    allowed = None if allowed is None else allowed.expand(DRAWS, positions, V)
+    return batch_sampler.verify(logits.expand(DRAWS, positions, V),
+                                torch.tensor(drafts).expand(DRAWS, -1), rows, counts, seen,
+                                allowed)
 
 
 @pytest.mark.parametrize("draft", ["likely", "unlikely", "masked"])
@@ -410,7 +415,8 @@ def test_verification_is_lossless_and_the_bonus_follows_the_draft(draft):
     if draft == "masked":
         allowed[0, token] = False
     logits[1, token] = logits[1].max() + 0.5
-    tokens, kept, sound = _verify_draws(VERIFY_REQ, logits, token, allowed)
+    tokens, accepted, sound = _verify_draws(VERIFY_REQ, logits, [token], allowed)
+    kept = accepted > 0
     want_first, accept, want_bonus = oracle.verify_distribution(
         _f64(logits), VERIFY_REQ.params, VERIFY_REQ.prompt, VERIFY_REQ.output, token,
         _np(allowed))
@@ -429,7 +435,8 @@ def test_verification_with_top_k_rejects_a_draft_outside_it():
     req = Req(SamplingParams(temperature=0.8, top_k=4, min_p=0.02))
     logits = _verify_logits()
     outside = int(np.argsort(req.adjusted(logits[0]))[0])
-    tokens, kept, sound = _verify_draws(req, logits, outside)
+    tokens, accepted, sound = _verify_draws(req, logits, [outside])
+    kept = accepted > 0
     want_first, accept, _ = oracle.verify_distribution(_f64(logits), req.params, [], [],
                                                        outside)
     assert accept == 0 and not kept.any() and bool(sound.all())
@@ -443,8 +450,10 @@ def test_a_bonus_is_the_draw_of_its_output_index():
     req = Req(SamplingParams(temperature=1.1, top_p=0.95, frequency_penalty=0.7), [1], [2, 2])
     draft = oracle.greedy_token(req.adjusted(logits[0]))
     n, seeds = 400, [977 * i - 5 for i in range(400)]
-    tokens, kept, _ = batch_sampler.verify(logits.expand(n, 2, V), torch.full((n,), draft),
-                                           *launch([req], [0] * n, seeds, [2] * n))
+    tokens, accepted, _ = batch_sampler.verify(logits.expand(n, 2, V),
+                                               torch.full((n, 1), draft),
+                                               *launch([req], [0] * n, seeds, [2] * n))
+    kept = accepted > 0
     after = Req(req.params, req.prompt, [*req.output, draft])
     bonus, _ = batch_sampler.sample(logits[1].expand(n, V),
                                     *launch([after], [0] * n, seeds, [3] * n))
@@ -462,13 +471,122 @@ def test_greedy_verification_is_exact():
                                                  draft)
         for reqs in ([req], [req, sampled]):
             rows, counts, seen = launch(reqs, list(range(len(reqs))))
-            tokens, kept, sound = batch_sampler.verify(
-                logits.expand(len(reqs), 2, V), torch.full((len(reqs),), draft), rows,
+            tokens, accepted, sound = batch_sampler.verify(
+                logits.expand(len(reqs), 2, V), torch.full((len(reqs), 1), draft), rows,
                 counts, seen)
+            kept = accepted > 0
             assert bool(kept[0]) == (draft == best) and bool(sound.all())
             assert int(tokens[0, 0]) == best
             if draft == best:
                 assert int(tokens[0, 1]) == int(np.argmax(bonus))
+
+
+# -- in law and exact: K drafts ---------------------------------------------------------
+
+
+def _k_logits(drafts: list[int], lifts: tuple[float, ...]) -> torch.Tensor:
+    """Logits [K+1, V]: draft j raised to `lifts[j]` above position j's maximum, and
+    first to 0.5 above position j+1's (so that counting it as output there matters)."""
+    logits = torch.stack([_logits(31 + j) for j in range(len(drafts) + 1)])
+    for j, draft in enumerate(drafts):
+        logits[j + 1, draft] = logits[j + 1].max() + 0.5
+    for j, (draft, lift) in enumerate(zip(drafts, lifts)):
+        logits[j, draft] = logits[j].max() + lift
+    return logits
+
+
+@pytest.mark.parametrize("drafts, lifts, masked", [
+    ([9, 4], (1.0, 1.0), False),
+    ([9, 4, 11], (1.0, 1.0, 1.0), False),
+    ([9, 4, 11], (1.0, -1.0, 1.0), True),
+], ids=["K=2", "K=3", "K=3, an unlikely second draft, masks"])
+def test_k_drafts_verify_losslessly_position_by_position(drafts, lifts, masked):
+    """Rows reach position j when drafts 0..j-1 were all kept; there the committed token
+    is distributed as p_j (drafts 0..j-1 counted as output, the bonus at position K
+    included), draft j is kept with probability p_j(draft j), and a rejected row commits
+    a target that is not the draft."""
+    k = len(drafts)
+    logits = _k_logits(drafts, lifts)
+    allowed = torch.ones(k + 1, V, dtype=torch.bool)
+    if masked:
+        allowed[1, [3, 12]] = False
+        allowed[k, [0, 5, 9]] = False
+    tokens, accepted, sound = _verify_draws(VERIFY_REQ, logits, drafts, allowed)
+    req = VERIFY_REQ
+    want, accept = oracle.verify_distributions(_f64(logits), req.params, req.prompt,
+                                               req.output, drafts, _np(allowed))
+    assert bool(sound.all()) and accepted.dtype == torch.int64
+    assert 0 <= int(accepted.min()) and int(accepted.max()) == k
+    for j in range(k + 1):
+        reached = accepted >= j
+        assert int(reached.sum()) >= 900           # enough rows for the tests to mean much
+        assert chi_square_p(tokens[reached, j], want[j]) > ALPHA
+        if j > 0:                                   # counting the drafts matters here
+            uncounted = oracle.distribution(req.adjusted(logits[j], allowed[j]), req.params)
+            assert np.abs(want[j] - uncounted).max() > 0.1
+        if j < k:
+            kept = accepted[reached] > j
+            assert ((tokens[reached, j] == drafts[j]) == kept).all()
+            assert chi_square_p(kept.long(), np.array([1 - accept[j], accept[j]])) > ALPHA
+
+
+def _greedy_chain(req: Req, logits: torch.Tensor, drafts: tuple[int, ...]
+                  ) -> tuple[int, int]:
+    """(accepted, the token committed after the kept drafts) of a greedy row, by the
+    oracle: draft j is kept while it is the argmax of position j, drafts 0..j-1 counted."""
+    for j, draft in enumerate(drafts):
+        after = Req(req.params, req.prompt, [*req.output, *drafts[:j]])
+        best = oracle.greedy_token(after.adjusted(logits[j]))
+        if draft != best:
+            return j, best
+    after = Req(req.params, req.prompt, [*req.output, *drafts])
+    return len(drafts), oracle.greedy_token(after.adjusted(logits[len(drafts)]))
+
+
+def test_greedy_verification_of_three_drafts_is_exact():
+    """Every triple of drafts, alone and beside a sampled row: the accepted count is the
+    run of leading drafts that are their position's argmax (earlier drafts counted in the
+    penalties), and then the argmax (target or bonus) is committed."""
+    logits = torch.stack([_logits(35 + j) for j in range(4)])
+    logits[1, 7] = logits[1].max() + 1.0         # 7 leads position 1, unless drafted first
+    req = Req(SamplingParams(temperature=0, frequency_penalty=2.0), prompt=[3], output=[0])
+    triples = [tuple(int(t) for t in np.unravel_index(i, (V,) * 3)) for i in range(V**3)]
+    want = [_greedy_chain(req, logits, d) for d in triples]
+    assert sorted({a for a, _ in want}) == [0, 1, 2, 3]
+    assert len({oracle.greedy_token(Req(req.params, req.prompt, [*req.output, d])
+                                    .adjusted(logits[1])) for d in range(V)}) > 1
+    sampled = Req(SamplingParams(temperature=1.0))
+    for reqs in ([req], [req, sampled]):
+        slots = [0] * len(triples) + [1] * (len(reqs) - 1)
+        drafts = torch.tensor(triples + [(0, 0, 0)] * (len(reqs) - 1))
+        tokens, accepted, sound = batch_sampler.verify(
+            logits.expand(len(slots), 4, V), drafts, *launch(reqs, slots))
+        assert bool(sound.all())
+        for i, (a, token) in enumerate(want):
+            assert int(accepted[i]) == a
+            assert tokens[i, :a + 1].tolist() == [*triples[i][:a], token]
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_bonus_is_the_draw_of_its_output_index_after_k_drafts(k):
+    """Where all K drafts are kept, the bonus is what sample() draws for the row at
+    counter + K with the drafts counted."""
+    logits = torch.stack([_logits(31 + j) for j in range(k + 1)])
+    req = Req(SamplingParams(temperature=1.1, top_p=0.95, frequency_penalty=0.7), [1], [2, 2])
+    drafts = []
+    for j in range(k):                          # each position's likeliest token
+        after = Req(req.params, req.prompt, [*req.output, *drafts])
+        drafts.append(oracle.greedy_token(after.adjusted(logits[j])))
+    n, seeds = 400, [977 * i - 5 for i in range(400)]
+    tokens, accepted, _ = batch_sampler.verify(logits.expand(n, k + 1, V),
+                                               torch.tensor(drafts).expand(n, k),
+                                               *launch([req], [0] * n, seeds, [2] * n))
+    after = Req(req.params, req.prompt, [*req.output, *drafts])
+    bonus, _ = batch_sampler.sample(logits[k].expand(n, V),
+                                    *launch([after], [0] * n, seeds, [2 + k] * n))
+    all_kept = accepted == k
+    assert 0 < int(all_kept.sum()) < n
+    assert (tokens[all_kept, k] == bonus[all_kept]).all()
 
 
 # -- streams ----------------------------------------------------------------------------
@@ -508,8 +626,9 @@ def test_a_draw_depends_only_on_its_seed_counter_and_token():
     alone = launch([req], [0] * n, SEEDS, [5] * n)
     tokens = batch_sampler.sample(logits.expand(n, V), *alone)[0]
     draft = oracle.greedy_token(req.adjusted(logits))         # kept about half the time
-    v_tokens, v_kept, _ = batch_sampler.verify(v_logits.expand(n, 2, V),
-                                               torch.full((n,), draft), *alone)
+    v_tokens, v_accepted, _ = batch_sampler.verify(v_logits.expand(n, 2, V),
+                                                   torch.full((n, 1), draft), *alone)
+    v_kept = v_accepted > 0
     assert 0 < int(v_kept.sum()) < n
     for at in (0, 2, 5):
         slots = [1, 2, 3, 1, 3][:at] + [0] + [2, 3]
@@ -518,16 +637,54 @@ def test_a_draw_depends_only_on_its_seed_counter_and_token():
         v_mixed = torch.stack([torch.stack([_logits(70 + j), _logits(80 + j)])
                                for j in range(len(slots))])
         v_mixed[at] = v_logits
-        drafts = torch.tensor([j % V for j in range(len(slots))])
+        drafts = torch.tensor([[j % V] for j in range(len(slots))])
         drafts[at] = draft
         for i, seed in enumerate(SEEDS):
             row_seeds = [seed ^ 2, ~seed, 17, 3, seed ^ 1][:at] + [seed] + [5, 6]
             counters = [5, 5, 0, 6, 4][:at] + [5] + [5, 1]
             rows, counts, seen = launch([req] + others, slots, row_seeds, counters)
             assert int(batch_sampler.sample(mixed, rows, counts, seen)[0][at]) == tokens[i]
-            got, kept, _ = batch_sampler.verify(v_mixed, drafts, rows, counts, seen)
+            got, accepted, _ = batch_sampler.verify(v_mixed, drafts, rows, counts, seen)
+            kept = accepted > 0
             assert bool(kept[at]) == bool(v_kept[i]) and got[at, 0] == v_tokens[i, 0]
             assert not kept[at] or got[at, 1] == v_tokens[i, 1]
+
+def test_a_verification_of_two_drafts_depends_only_on_its_seed_counter_and_tokens():
+    """K = 2: the same row verifies to the same accepted count and committed tokens
+    whatever else shares the launch and wherever it sits, and its first position is
+    what verifying its first draft alone gives."""
+    logits = torch.stack([_logits(53 + j) for j in range(3)])
+    req = Req(SamplingParams(temperature=0.9, top_k=9, presence_penalty=1.0), output=[4])
+    others = [Req(SamplingParams(temperature=0)), Req(SamplingParams(top_p=0.3), [1], [2]),
+              Req(SamplingParams(frequency_penalty=2, logit_bias=((3, 9.0),)), [5], [5, 6])]
+    drafts = []
+    for j in range(2):                          # each position's likeliest token, raised
+        drafts.append(oracle.greedy_token(Req(req.params, req.prompt,
+                                              [*req.output, *drafts]).adjusted(logits[j])))
+        logits[j, drafts[j]] += 1.0
+    n = len(SEEDS)
+    alone = launch([req], [0] * n, SEEDS, [5] * n)
+    tokens, accepted, _ = batch_sampler.verify(logits.expand(n, 3, V),
+                                               torch.tensor(drafts).expand(n, 2), *alone)
+    assert set(accepted.tolist()) == {0, 1, 2}
+    first, one, _ = batch_sampler.verify(logits[:2].expand(n, 2, V),
+                                         torch.tensor(drafts[:1]).expand(n, 1), *alone)
+    assert ((one > 0) == (accepted > 0)).all() and (first[:, 0] == tokens[:, 0]).all()
+    for at in (0, 2, 5):
+        slots = [1, 2, 3, 1, 3][:at] + [0] + [2, 3]
+        mixed = torch.stack([torch.stack([_logits(70 + j), _logits(80 + j), _logits(90 + j)])
+                             for j in range(len(slots))])
+        mixed[at] = logits
+        row_drafts = torch.tensor([[j % V, (3 * j) % V] for j in range(len(slots))])
+        row_drafts[at] = torch.tensor(drafts)
+        for i, seed in enumerate(SEEDS):
+            row_seeds = [seed ^ 2, ~seed, 17, 3, seed ^ 1][:at] + [seed] + [5, 6]
+            counters = [5, 5, 0, 6, 4][:at] + [5] + [5, 1]
+            rows, counts, seen = launch([req] + others, slots, row_seeds, counters)
+            got, got_accepted, _ = batch_sampler.verify(mixed, row_drafts, rows, counts, seen)
+            a = int(accepted[i])
+            assert int(got_accepted[at]) == a
+            assert got[at, :a + 1].tolist() == tokens[i, :a + 1].tolist()
 
 
 def test_different_seeds_give_different_streams():

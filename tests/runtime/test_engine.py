@@ -72,38 +72,53 @@ def test_chunk_count_follows_the_lowered_extent(params):
     assert engine.dispatches["prefill_main"] == 4   # 256 + 256 + 256 + 232
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_mtp_is_lossless_with_the_checkpoint_drafts(params, solo, backend):
+@pytest.fixture(scope="module")
+def plain(params):
+    """Greedy outputs of the LENGTHS prompts without MTP."""
     prompts = [random_prompt(n, n) for n in LENGTHS]
-    plain = make_engine(params, num_speculative_tokens=0).generate(prompts, GREEDY)
-    engine = make_engine(params, num_speculative_tokens=1, backend=backend)
+    return [o.output_ids for o in make_engine(params, num_speculative_tokens=0)
+            .generate(prompts, GREEDY)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_mtp_is_lossless_with_the_checkpoint_drafts(params, plain, backend, k):
+    """K drafts a step (the MTP layer applied K times); K > 1 in 128-token chunks."""
+    prompts = [random_prompt(n, n) for n in LENGTHS]
+    engine = make_engine(params, num_speculative_tokens=k, backend=backend,
+                         long_prefill_token_threshold=128 if k > 1 else 8192)
     mtp = engine.generate(prompts, GREEDY)
-    assert [o.output_ids for o in mtp] == [o.output_ids for o in plain]
-    assert engine.dispatches["decode_b4s2"] > 0 and engine.stats.draft_tokens > 0
+    assert [o.output_ids for o in mtp] == plain
+    assert engine.dispatches[f"decode_b4s{k + 1}"] > 0
+    assert engine.stats.draft_tokens == k * engine.stats.drafts > 0
     assert_all_free(engine)
 
 
 @pytest.fixture
 def oracle_drafts(monkeypatch):
-    """Make the MTP draft the true greedy token at even tail positions (wrong at odd
-    ones), so both acceptance and rejection run through the real kernels. Keyed by
-    position, which the prompts below keep distinct across requests."""
+    """Make each MTP draft the true greedy token, but wrong where its position is 1 mod 4
+    (so both acceptance and rejection, at every draft position, run through the real
+    kernels). Keyed by position, which the prompts below keep distinct across
+    requests."""
     table: dict[int, int] = {}
     real = torch_backend._draft
 
     def draft(params, kernel, view, rows, tails, tail_pos, hidden, k, masks):
         drafts = real(params, kernel, view, rows, tails, tail_pos, hidden, k, masks)
         for i, pos in enumerate(tail_pos):
-            if pos + 1 in table:
-                right = table[pos + 1]
-                drafts[i, 0] = right if pos % 2 == 0 else (right + 1) % 512
+            for j in range(k):
+                at = pos + 1 + j
+                if at in table:
+                    right = table[at]
+                    drafts[i, j] = right if at % 4 != 1 else (right + 1) % 512
         return drafts
 
     monkeypatch.setattr(torch_backend, "_draft", draft)
     return table
 
 
-def test_accepted_drafts_keep_greedy_output_identical(params, oracle_drafts):
+@pytest.mark.parametrize("k", [1, 3])
+def test_accepted_drafts_keep_greedy_output_identical(params, oracle_drafts, k):
     lengths = [126, 127, 200, 300, 400]    # 126/127: drafts cross the 128-row page boundary
     prompts = [random_prompt(n, 1000 + n) for n in lengths]
     params_long = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
@@ -111,12 +126,14 @@ def test_accepted_drafts_keep_greedy_output_identical(params, oracle_drafts):
     for prompt, out in zip(prompts, plain):
         for i, token in enumerate(out.output_ids):
             oracle_drafts[len(prompt) + i] = token
-    engine = make_engine(params, num_speculative_tokens=1)
+    engine = make_engine(params, num_speculative_tokens=k)
     mtp = engine.generate(prompts, params_long)
     assert [o.output_ids for o in mtp] == [o.output_ids for o in plain]
     stats = engine.stats
-    assert 0.3 < stats.accepted_tokens / stats.draft_tokens < 0.7
-    assert engine.dispatches["decode_b4s2"] < sum(len(o.output_ids) for o in plain) / len(prompts)
+    assert 0.3 < stats.accepted_tokens / stats.draft_tokens < 0.85
+    assert all(stats.accepted_per_position)              # every draft position kept some
+    steps = engine.dispatches[f"decode_b4s{k + 1}"]
+    assert steps < sum(len(o.output_ids) for o in plain) / len(prompts)
     assert_all_free(engine)
 
 

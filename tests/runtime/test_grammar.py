@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from runtime.core.sampling_params import SamplingParams
+from runtime.device.grammar_masks import GrammarMasks
 from runtime.sampling import batch_sampler
 from runtime.sampling.sampling_state import row_params
 from runtime.text.grammar import (
@@ -99,9 +100,10 @@ def test_a_refused_draft_leaves_the_matcher_usable(vocabulary, tokenizer):
     refused = tokenizer.encode("{", add_special_tokens=False)[0]
     accepted = tokenizer.encode("yes", add_special_tokens=False)[0]
     tail = masks.masks([request, request])
-    after = masks.draft_masks([request, request], [refused, accepted], tail)
-    assert (after[0] == tail[0]).all()                  # refused: the row does not matter
-    assert _allowed(vocabulary, after[1]) != _allowed(vocabulary, masks.masks([request])[0])
+    after = masks.draft_masks([request, request], [[refused], [accepted]], tail)
+    assert after.shape == (2, 1, vocabulary.words)
+    assert (after[0, 0] == tail[0]).all()               # refused: the row does not matter
+    assert _allowed(vocabulary, after[1, 0]) != _allowed(vocabulary, masks.masks([request])[0])
     # the matcher still sits at the start: the same mask as a fresh one
     fresh = TokenMasks(vocabulary).masks([_request(so, [], "other")])
     assert (masks.masks([request]) == fresh).all()
@@ -155,13 +157,105 @@ def test_verification_keeps_no_refused_draft_and_masks_the_bonus():
     allowed[:, 1, :16] = False
     for temperature in (0.0, 1.0):
         rows = _rows([SamplingParams(temperature=temperature)] * 4)
-        tokens, kept, sound = batch_sampler.verify(logits, draft, rows, None, None, allowed)
-        assert sound.all() and not kept.any() and (tokens[:, 0] != draft).all()
+        tokens, accepted, sound = batch_sampler.verify(logits, draft[:, None], rows, None,
+                                                       None, allowed)
+        assert sound.all() and not accepted.any() and (tokens[:, 0] != draft).all()
     keep = torch.ones(4, 2, 32, dtype=torch.bool)
     keep[:, 1, :16] = False
-    tokens, kept, _ = batch_sampler.verify(logits, draft, _rows([SamplingParams(
+    tokens, accepted, _ = batch_sampler.verify(logits, draft[:, None], _rows([SamplingParams(
         temperature=0)] * 4), None, None, keep)
-    assert kept.all() and (tokens[:, 1] >= 16).all()
+    assert (accepted == 1).all() and (tokens[:, 1] >= 16).all()
+
+def _mask_after(vocabulary: Vocabulary, so: StructuredOutputs, output: list[int]) -> np.ndarray:
+    """[words]: the mask of a fresh request that has output `output`."""
+    return TokenMasks(vocabulary).masks([_request(so, output, "fresh")])[0]
+
+
+def test_draft_masks_follow_k_drafts(vocabulary, tokenizer):
+    """Mask j is the mask after drafts 0..j; an unconstrained row keeps the tail's; the
+    request's own matcher has read none of them."""
+    masks = TokenMasks(vocabulary)
+    so = StructuredOutputs(json=json.dumps(SCHEMA))
+    ids = tokenizer.encode('{"ok": true}', add_special_tokens=False)
+    request, free = _request(so, ids[:1]), _request(None, [], "free")
+    tail = masks.masks([request, free])
+    after = masks.draft_masks([request, free], [ids[1:4], [5, 6, 7]], tail)
+    assert after.shape == (2, 3, vocabulary.words)
+    for j in range(3):
+        assert (after[0, j] == _mask_after(vocabulary, so, ids[:j + 2])).all()
+        assert (after[1, j] == tail[1]).all()
+    assert len({frozenset(_allowed(vocabulary, m)) for m in after[0]}) == 3
+    assert (masks.masks([request])[0] == _mask_after(vocabulary, so, ids[:1])).all()
+
+
+def test_a_refused_draft_keeps_the_last_valid_mask_at_later_positions(vocabulary, tokenizer):
+    """The second draft refused: positions 1 and 2 keep the mask after the first (the
+    refused draft has probability 0 there); the first refused: every position keeps the
+    tail's. The request's matcher stays where it was."""
+    masks = TokenMasks(vocabulary)
+    so = StructuredOutputs(json=json.dumps(SCHEMA))
+    ids = tokenizer.encode('{"ok": true}', add_special_tokens=False)
+    refused = ids[0]                                   # a second "{" after '{"'
+    request = _request(so, ids[:1])
+    tail = masks.masks([request, request])
+    after = masks.draft_masks([request, request],
+                              [[ids[1], refused, ids[2]], [refused, ids[1], ids[2]]], tail)
+    first = _mask_after(vocabulary, so, ids[:2])
+    assert refused not in _allowed(vocabulary, first)
+    assert all((after[0, j] == first).all() for j in range(3))
+    assert all((after[1, j] == tail[1]).all() for j in range(3))
+    assert (masks.masks([request])[0] == _mask_after(vocabulary, so, ids[:1])).all()
+
+
+def test_draft_masks_stop_at_the_grammars_end(vocabulary, tokenizer):
+    """Drafts that end the grammar: the masks after the end stay the last one."""
+    masks = TokenMasks(vocabulary)
+    so = StructuredOutputs(choice=("yes",))
+    ids = tokenizer.encode("yes", add_special_tokens=False)
+    request = _request(so, ids[:1])
+    tail = masks.masks([request])
+    after = masks.draft_masks([request], [[ids[1], tokenizer.eos_id, 5]], tail)
+    assert _allowed(vocabulary, after[0, 0]) == {tokenizer.eos_id}
+    assert (after[0, 2] == after[0, 1]).all()
+
+
+def test_allowed_after_draft_is_the_tail_then_each_drafts_mask(tokenizer):
+    masks = GrammarMasks(TINY, {"vocab_size": tokenizer.vocab_size + 40}, torch.device("cpu"))
+    so = StructuredOutputs(json=json.dumps(SCHEMA))
+    ids = tokenizer.encode('{"ok": true}', add_special_tokens=False)
+    requests = [_request(so, ids[:1]), _request(None, [], "free")]
+    tail = masks.masks(requests)
+    got = masks.allowed_after_draft(requests, tail, torch.tensor([ids[1:3], [5, 6]]))
+    vocab = tokenizer.vocab_size + 40
+    assert got.shape == (2, 3, vocab) and got.dtype == torch.bool
+    words = [tail[0], *(_mask_after(masks.token_masks().vocabulary, so, ids[:j])
+                        for j in (2, 3))]
+    for j, mask in enumerate(words):
+        assert (got[0, j] == batch_sampler.unpack_mask(torch.from_numpy(mask), vocab)).all()
+    assert got[1].all()
+    assert masks.allowed_after_draft(requests, None, torch.tensor([ids[1:3], [5, 6]])) is None
+
+
+def test_a_draft_the_mask_refuses_ends_the_run_of_kept_drafts():
+    """K = 2: draft 0 is the argmax (greedy keeps it), draft 1 is refused by the mask
+    after it: no row keeps it, and the target at position 1 is allowed there. The bonus
+    row's mask allows nothing, yet no row is unsound: position 2 is never committed."""
+    torch.manual_seed(2)
+    logits = torch.randn(16, 3, 32)
+    drafts = logits[:, :2].argmax(-1)
+    allowed = torch.ones(16, 3, 32, dtype=torch.bool)
+    allowed[:, 1].scatter_(1, drafts[:, 1:], False)
+    allowed[:, 1, :8] = False
+    allowed[:, 2] = False
+    for temperature in (0.0, 1.0):
+        rows = _rows([SamplingParams(temperature=temperature, seed=s) for s in range(16)])
+        tokens, accepted, sound = batch_sampler.verify(logits, drafts, rows, None, None,
+                                                       allowed)
+        assert sound.all() and (accepted <= 1).all()
+        if temperature == 0.0:
+            assert (accepted == 1).all() and (tokens[:, 0] == drafts[:, 0]).all()
+        reached = accepted == 1
+        assert reached.any() and allowed[reached, 1].gather(1, tokens[reached, 1:2]).all()
 
 
 def test_an_output_the_grammar_refuses_fails_its_mask(vocabulary, tokenizer):
@@ -181,8 +275,8 @@ def test_after_the_grammar_ends_only_eos_and_drafts_change_nothing(vocabulary, t
     request = _request(so, done + [tokenizer.eos_id, 5])
     tail = masks.masks([request])
     assert _allowed(vocabulary, tail[0]) == {tokenizer.eos_id}
-    after = masks.draft_masks([request], [tokenizer.eos_id], tail)
-    assert (after == tail).all()
+    after = masks.draft_masks([request], [[tokenizer.eos_id] * 3], tail)
+    assert after.shape == (1, 3, vocabulary.words) and (after == tail[:, None]).all()
 
 
 

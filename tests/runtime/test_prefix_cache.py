@@ -87,9 +87,9 @@ def test_the_reference_layout_keeps_full_pages_and_the_boundary_ring_pages():
     layout = _layout()
     assert layout.full == ("cmp_c128", "cmp_c4", "idx")
     assert set(layout.ring) == {"ori", "csa_state", "csa_inner_state"}   # hca: none pending
-    assert layout.reach == 4          # a CSA state ring of 8 rows keeps [B - 4, B) for 4 more
+    assert layout.reach == 8          # a CSA state ring of 12 rows keeps [B - 4, B) for 8 more
     assert [layout.ring_entry("ori", b) for b in (128, 256, 384, 512)] == [0, 1, 2, 0]
-    assert layout.ring_entry("csa_state", 256) == 1       # rows 252..255: page 63 of a 2-ring
+    assert layout.ring_entry("csa_state", 256) == 0       # rows 252..255: page 63 of a 3-ring
     assert layout.lookahead == 1 and _layout(0).lookahead == 0
 
 

@@ -79,9 +79,9 @@ class Row:
     prompt: list[int]
     output: list[int]
     seed: int
-    logits: np.ndarray          # [P, V] float32: P = 1 (sample) or 2 (verify: tail, draft)
+    logits: np.ndarray          # [P, V] float32: P = 1 (sample) or K+1 (verify: tail, drafts)
     allowed: np.ndarray         # [P, V] bool, something allowed at each position
-    draft: int
+    drafts: list[int]           # P - 1 of them
 
 
 @st.composite
@@ -114,8 +114,9 @@ def rows(draw, vocab: int, positions: int) -> Row:
             allowed[p] = [(bits >> t) & 1 for t in range(vocab)]
             allowed[p, draw(st.integers(0, vocab - 1))] = True
     seed = params.seed if params.seed is not None else draw(st.integers(-2**63, 2**63 - 1))
-    return Row(params, draw(tokens), draw(tokens), seed, logits, allowed,
-               draw(st.integers(0, vocab - 1)))
+    drafts = draw(st.lists(st.integers(0, vocab - 1), min_size=positions - 1,
+                           max_size=positions - 1))
+    return Row(params, draw(tokens), draw(tokens), seed, logits, allowed, drafts)
 
 
 @st.composite
@@ -208,24 +209,31 @@ def test_any_launch_samples_soundly_within_the_oracles_support(launch):
 
 
 @FAST
-@given(launches(positions=2))
+@given(st.sampled_from([2, 3]).flatmap(lambda positions: launches(positions)))
 def test_any_launch_verifies_soundly_within_the_oracles_support(launch):
+    """K = 1 or 2 drafts: every committed position (kept drafts, then the target or the
+    bonus) is allowed and in the support of its position's distribution, the drafts
+    before it counted as output."""
     vocab, launch = launch
     rows_, counts, seen, allowed = _launch(vocab, launch)
     logits = torch.from_numpy(np.stack([r.logits for r in launch]))
-    draft = torch.tensor([r.draft for r in launch])
-    tokens, kept, sound = batch_sampler.verify(logits, draft, rows_, counts, seen, allowed)
-    assert bool(sound.all())
-    first = batch_sampler.adjusted(logits[:, 0], rows_, counts, seen, allowed[:, 0])
-    if counts is not None:
-        one = torch.nn.functional.one_hot(draft, vocab).to(counts.dtype)
-        counts, seen = counts + one, seen | one.bool()
-    bonus = batch_sampler.adjusted(logits[:, 1], rows_, counts, seen, allowed[:, 1])
-    for i, row in enumerate(launch):
-        assert bool(kept[i]) == (int(tokens[i, 0]) == row.draft)
-        _check_row(row, 0, row.output, first[i], int(tokens[i, 0]))
-        if kept[i]:
-            _check_row(row, 1, [*row.output, row.draft], bonus[i], int(tokens[i, 1]))
+    drafts = torch.tensor([r.drafts for r in launch])
+    k = drafts.shape[1]
+    tokens, accepted, sound = batch_sampler.verify(logits, drafts, rows_, counts, seen,
+                                                   allowed)
+    assert bool(sound.all()) and bool(((accepted >= 0) & (accepted <= k)).all())
+    for j in range(k + 1):
+        adjusted = batch_sampler.adjusted(logits[:, j], rows_, counts, seen, allowed[:, j])
+        for i, row in enumerate(launch):
+            a = int(accepted[i])
+            if j > a:
+                continue
+            if j < k:
+                assert (int(tokens[i, j]) == row.drafts[j]) == (j < a)
+            _check_row(row, j, [*row.output, *row.drafts[:j]], adjusted[i], int(tokens[i, j]))
+        if counts is not None and j < k:
+            one = torch.nn.functional.one_hot(drafts[:, j], vocab).to(counts.dtype)
+            counts, seen = counts + one, seen | one.bool()
 
 
 # -- an engine --------------------------------------------------------------------------

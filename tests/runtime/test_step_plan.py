@@ -21,6 +21,7 @@ from runtime.core.prefix_cache import Layout
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.scheduler import PrefillChunk, Scheduler, SchedulerConfig, SchedulerOutput
+from runtime.core.speculation import Speculation
 from runtime.device.step_result import SamplingFailure, StepResult, TokenLogprobs
 from runtime.executor.plan_messages import Failure, Result, rebuilt, result_message, step_result
 from runtime.executor.step_plan import PlanReader, PlanWriter
@@ -36,12 +37,26 @@ PARAMS = [SamplingParams(max_tokens=9), SamplingParams(temperature=0.5, seed=3, 
 
 
 def _scheduler(ranks: int, kv: int, ring: int, k: int = 0, layout: Layout | None = None,
-               extent: int = 8, budget: int = 16, formulas=BLOCKS4) -> Scheduler:
+               extent: int = 8, budget: int = 16, formulas=BLOCKS4,
+               adaptive: bool = False) -> Scheduler:
     config = SchedulerConfig(ranks=ranks, prefill_slots=2, decode_batch=2, micro_batches=2,
                              k=k, effective_extent=extent, max_num_batched_tokens=budget,
-                             max_num_seqs=8, max_model_len=1 << 20)
+                             max_num_seqs=8, max_model_len=1 << 20,
+                             batches=(2,) + (1,) * k if adaptive else ())
     return Scheduler(config, BlockPool({"kv": kv, "ring": ring}, ranks), formulas,
-                     SlotTable(ranks, 4), layout)
+                     SlotTable(ranks, 4), layout,
+                     _Cycling(k) if adaptive else None)
+
+
+class _Cycling(Speculation):
+    """K = 0, 1, ..., k, 0, ... step after step."""
+
+    def __init__(self, k: int):
+        super().__init__(k)
+        self.steps = itertools.count()
+
+    def choose(self, rows: int) -> int:
+        return next(self.steps) % (self.k + 1)
 
 
 def _request(prompt: list[int], params: SamplingParams, rid: str | None = None) -> Request:
@@ -84,6 +99,7 @@ def _view(out: SchedulerOutput, rank: int | None = None, mirrored: bool = False)
                  _copies(s.copies, here, local), s.pages) for s in ss if here(s.rank)]
     return dict(
         decode=[[_row(r, row_rank) for r in launch if mine(r)] for launch in out.decode],
+        k=out.k,
         prefill=[(_row(ch.request, row_rank), ch.slot, ch.start, ch.length, ch.terminal)
                  for ch in out.prefill if mine(ch.request)],
         launches=[[(p.request.request_id, p.start, p.length) for p in launch]
@@ -198,6 +214,20 @@ def test_every_step_under_preemption_and_mtp_is_rebuilt_field_by_field():
     run.abort(run.live[3])
     run.drain()
     assert run.seen["preempted"] and run.seen["readmitted"]
+
+
+def test_each_steps_k_reaches_the_ranks_with_its_launches():
+    """Steps of K = 0..3 in turn: the ranks read each step's K, and its launches cut to
+    that K's batch (2 rows a rank for K=0, 1 for the others)."""
+    run = _Run(_scheduler(ranks=2, kv=40, ring=16, k=3, adaptive=True), k=1)
+    for i, n in enumerate((3, 9, 5, 6, 4, 7)):
+        run.add(_request(_prompt(n, i), PARAMS[0]))
+    steps = [out for out in (run.step() for _ in range(12)) if out.decode]
+    assert sorted({out.k for out in steps}) == [0, 1, 2, 3]
+    assert all(len(launch) <= 2 * (2 if out.k == 0 else 1) for out in steps
+               for launch in out.decode)
+    assert any(len(launch) == 4 for out in steps for launch in out.decode)
+    run.drain()
 
 
 def test_prefix_hits_saves_and_ended_requests_saves_are_rebuilt():

@@ -24,7 +24,7 @@ from runtime.sampling.batch_sampler import unpack_mask
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
     """[ranks, rows, ...] -> [ranks * rows, ...]."""
-    return t.reshape(-1, *t.shape[2:])
+    return t.flatten(0, 1)
 
 
 def _tables(kernel: KernelABI, args, index: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -45,8 +45,8 @@ def decode(model: CompiledModel, kernel: KernelABI, args, index: torch.Tensor) -
 
 
 def decode_mtp(model: CompiledModel, kernel: KernelABI, args, index: torch.Tensor) -> None:
-    """Per row of `index`: K greedy drafts from its slot's (hidden, tail), then the main
-    model on [tail, drafts]; logits, streams and drafts of the live rows (a row whose
+    """Per row of `index`: K greedy drafts (K >= 0) from its slot's (hidden, tail), then
+    the main model on [tail, drafts]; logits, streams and drafts of the live rows (a row whose
     slot is -1 or whose generation moved on computes on scratch pages only)."""
     field, batch = kernel.mtp_field, args.slot_ids.shape[1]
     rank, slot = index // batch, _flat(args.slot_ids)[index].long()
@@ -56,16 +56,18 @@ def decode_mtp(model: CompiledModel, kernel: KernelABI, args, index: torch.Tenso
     tables, pools = _tables(kernel, args, index), _pools(kernel, args)
     bucket, k = kernel.context_bucket(args.context), args.draft_ids.shape[-1]
     hidden, token, drafts = args.mtp_slot_hidden[rank, slot], tail, []
-    for step in range(k):          # K is the layout's: unrolled, not data-driven
+    for step in range(max(k, 1)):  # K is the layout's: unrolled, not data-driven
         call = Call(token[:, None], tail_pos - 1 + step, live, rank, tables)
         hidden = model.mtp(hidden[:, None], call, pools, bucket)[:, 0]
+        if step == k:              # K = 0: the block ran for its KV at the row before
+            break                  # the tail, which later drafts attend to
         logits = model.logits(hidden, mtp=True)
         if step == 0:              # the first draft follows the tail: the tail's mask holds
             allowed = unpack_mask(_flat(args.draft_mask)[index], logits.shape[-1])
             logits = logits.masked_fill(~allowed, float("-inf"))
         token = logits.argmax(-1)
         drafts.append(token)
-    drafts = torch.stack(drafts, dim=1)
+    drafts = torch.stack(drafts, dim=1) if drafts else tail.new_zeros((len(tail), 0))
     call = Call(torch.cat((tail[:, None], drafts), dim=1), tail_pos, live * (k + 1), rank,
                 tables)
     h = model.main(call, pools, bucket)

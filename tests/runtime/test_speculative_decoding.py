@@ -1,0 +1,118 @@
+"""K = 2 and 3 MTP drafts (the checkpoint's one MTP layer applied recursively) and the
+adaptive choice of K per step, end to end on the embedded model, whose drafts are kept
+about 60% of the time at every position: greedy output is the K=0 output on both
+backends, with chunked prefill, preemption and prefix-cache hits in the same run, and
+every block and slot comes back."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import generated
+from runtime.core.config import EngineConfig
+from runtime.core.prefix_cache import Layout
+from runtime.core.sampling_params import SamplingParams
+from runtime.core.speculation import AdaptiveSpeculation
+from runtime.engine.engine import Engine
+from runtime.planning import capacity
+from runtime.text.tokenizer import Tokenizer
+from runtime.weights.loader import load_params
+from tests.conftest import REPO
+from tests.model.test_embedded import CODE
+from tests.runtime.engine_support import assert_all_free
+
+pytestmark = pytest.mark.slow
+
+MODEL = REPO / "models" / "tiny"
+TINY = generated.load("tiny")
+GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def params():
+    return load_params(MODEL, TINY)
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    """Sixteen prompts, twelve of them behind a shared 260-token prefix (two blocks and
+    some: prefix-cache hits), all longer than one 128-token chunk."""
+    tokenizer = Tokenizer(MODEL)
+    code = tokenizer.encode(CODE * 6)
+    assert len(code) > 800
+    suffixes = [tokenizer.encode(f"\n# task {i}: write a function that returns {i * 7}\n")
+                for i in range(12)]
+    alone = [code[260 + 130 * i: 460 + 130 * i] for i in range(4)]
+    return [code[:260] + s for s in suffixes] + alone
+
+
+def _engine(params, k: int, backend: str, policy: str = "fixed", **config) -> Engine:
+    config = EngineConfig(spec="tiny", model=MODEL, num_speculative_tokens=k, backend=backend,
+                          speculative_policy=policy, **config)
+    return Engine(config, TINY, params, Tokenizer(MODEL))
+
+
+@pytest.fixture(scope="module")
+def expected(params, prompts) -> list[list[int]]:
+    """Plain decode, whole prompts, no prefix cache."""
+    engine = _engine(params, 0, "compiled-eager", enable_prefix_caching=False)
+    return [o.output_ids for o in engine.generate(prompts, GREEDY)]
+
+
+class Switching(AdaptiveSpeculation):
+    """Every step a K drawn at random: the MTP state must follow every switch."""
+
+    def __init__(self, max_k: int, seed: int):
+        super().__init__(max_k)
+        self.rng = random.Random(seed)
+
+    def choose(self, rows: int) -> int:
+        k = self.rng.randrange(len(self.ks))
+        self.chosen[k] = self.chosen.get(k, 0) + 1
+        return k
+
+
+def _tight(k: int, running: int) -> int:
+    """Pool bytes per rank for 512 tokens: less than two of the prompts here and their
+    outputs."""
+    layout = Layout.of(TINY.pools.GROUPS, TINY.architecture.CONFIG, TINY.contract.BLOCK_SIZE, k)
+    return capacity.bytes_for(TINY.pools.GROUPS, running, 512, layout.copies)
+
+
+@pytest.mark.parametrize("backend", ["torch", "compiled-eager"])
+@pytest.mark.parametrize("policy, k", [("fixed", 2), ("fixed", 3), ("adaptive", 3),
+                                       ("switching", 3)])
+def test_k_drafts_keep_greedy_output_through_chunks_preemption_and_hits(
+        params, prompts, expected, backend, policy, k):
+    adaptive = policy != "fixed"
+    engine = _engine(params, k, backend, "adaptive" if adaptive else "fixed",
+                     long_prefill_token_threshold=128, max_model_len=512,
+                     kv_cache_memory=_tight(k, 16 if adaptive else 8))
+    if policy == "switching":
+        engine.scheduler.speculation = Switching(k, seed=len(backend))
+    got = [o.output_ids for o in engine.generate(prompts, GREEDY)]
+    assert got == expected
+    stats = engine.stats
+    assert engine.scheduler.num_preemptions > 0
+    assert engine.prefix_cache_info()["hits"] > 0
+    assert engine.dispatches["prefill_main"] >= 3      # a 272-token prompt in 128-token chunks
+    if policy == "fixed":
+        assert engine.dispatches[f"decode_b4s{k + 1}"] == sum(stats.decode_steps_by_k.values())
+        assert all(stats.accepted_per_position)                  # every position kept some
+    else:
+        assert sorted(stats.decode_steps_by_k) == list(range(k + 1))
+    assert stats.accepted_tokens == sum(stats.accepted_per_position) > 0
+    assert_all_free(engine)
+
+
+def test_a_switch_of_k_never_recomputes(params, prompts, expected):
+    """The same prefill launches as a plain run: a step that changes K reads the MTP
+    state the step before left, whatever that step's K."""
+    plain = _engine(params, 0, "compiled-eager")
+    plain.generate(prompts[:4], GREEDY)
+    engine = _engine(params, 3, "compiled-eager", "adaptive")
+    engine.scheduler.speculation = Switching(3, seed=5)
+    assert [o.output_ids for o in engine.generate(prompts[:4], GREEDY)] == expected[:4]
+    assert engine.dispatches["prefill_main"] == plain.dispatches["prefill_main"]
+    assert engine.dispatches["prefill_mtp"] == engine.dispatches["prefill_main"]
