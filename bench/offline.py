@@ -1,12 +1,23 @@
 """Offline throughput on the tiny spec, every figure of one run side by side: v4serve's
-compiled backend and its torch reference backend at several concurrencies, MTP on and
-off, transformers' generate on the same checkpoint, and the prefill of one long prompt on
-both backends. Prints figures; asserts nothing.
+compiled backend and its torch reference backend at several concurrencies, MTP off and
+at each K asked (or chosen per step: adaptive), transformers' generate on the same
+checkpoint, and the prefill of one long prompt on both backends. Prints figures; asserts
+nothing.
 
     .venv/bin/python bench/offline.py [--model DIR] [--prompt-len 256] [--max-tokens 64]
                                       [--concurrency 1,64] [--backends compiled,torch]
                                       [--long-prompt 16000] [--device cpu]
                                       [--executors uni,mp] [--kv-cache-dtypes auto,fp8]
+                                      [--speculation 0,1,2,3,adaptive] [--deep]
+
+`--speculation` lists the MTP settings to run: K drafts every step (0: MTP off), or
+`adaptive` (--speculative-policy adaptive up to the spec's largest K). With more than
+one, a summary compares adaptive with the best fixed K at each concurrency, and the
+column "= K=0" counts the outputs identical to the first setting's (greedy: all of
+them, or a K's graphs are wrong). `--deep` runs the 16-layer model of specs/tiny-deep.yaml
+instead, its checkpoint built from --model by bench/deep_checkpoint.py (the embedded
+model's layers, then layers that compute in full and pass their input on: the embedded
+model's outputs and acceptance at four times the depth).
 
 `--kv-cache-dtypes auto,fp8` adds rows with the cache entries in V4's served formats
 (server/cli/spec_check.served: the spec's own, or its -fp8 variant), labelled "fp8".
@@ -25,14 +36,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import generated  # noqa: E402
 from bench.args import bench_parser  # noqa: E402
+from runtime.backends.compiled.graphs import cache_dir  # noqa: E402
 from runtime.core.config import EngineConfig  # noqa: E402
 from runtime.core.sampling_params import SamplingParams  # noqa: E402
 from runtime.engine.engine import Engine  # noqa: E402
+from runtime.planning.admission import servable_ks  # noqa: E402
 from server.cli.spec_check import served  # noqa: E402
 
 HEADER = ("engine", "conc", "MTP", "tok/s", "vs HF", "disp/req", "steps", "step ms",
-          "sched", "marshal", "kernel", "sample", "host %", "accept")
+          "sched", "marshal", "kernel", "sample", "host %", "accept", "K chosen", "= K=0")
 
 
 def prompts(n: int, length: int, model: Path) -> list[list[int]]:
@@ -51,18 +65,31 @@ def prompts(n: int, length: int, model: Path) -> list[list[int]]:
     return [torch.randint(2, vocab, (length,), generator=gen).tolist() for _ in range(n)]
 
 
-def build(args, backend: str, k: int, executor: str = "uni", cache: str = "auto") -> Engine:
+def settings(spec: str, given: str) -> list[tuple[int, str]]:
+    """(K, policy) of each --speculation entry: a K, or "adaptive" (up to the spec's
+    largest servable K)."""
+    most = max(servable_ks(generated.load(spec).contract))
+    return [(most, "adaptive") if s == "adaptive" else (int(s), "fixed")
+            for s in given.split(",")]
+
+
+def label(k: int, policy: str) -> str:
+    return f"adaptive <= {k}" if policy == "adaptive" else f"K={k}" if k else "off"
+
+
+def build(args, backend: str, k: int, executor: str = "uni", cache: str = "auto",
+          policy: str = "fixed") -> Engine:
     # the prompts repeat (held-out files, cycled): with prefix caching the figures would
     # measure reuse, which bench/prefix.py measures; here every prompt is computed
     spec = served(args.spec, cache).SPEC_NAME
     config = EngineConfig(spec=spec, model=args.model, num_speculative_tokens=k,
-                          backend=backend, device=args.device,
+                          speculative_policy=policy, backend=backend, device=args.device,
                           distributed_executor_backend=executor, enable_prefix_caching=False)
     engine = Engine.build(config)
     start = time.perf_counter()
     seconds = engine.warmup()
     if seconds:
-        print(f"# {backend} MTP {'on' if k else 'off'}: {len(seconds)} graphs compiled or "
+        print(f"# {backend} MTP {label(k, policy)}: {len(seconds)} graphs compiled or "
               f"loaded in {time.perf_counter() - start:.1f} s", flush=True)
     return engine
 
@@ -83,6 +110,7 @@ def decode_row(engine: Engine, batch: list[list[int]], max_tokens: int) -> dict:
     _sync(engine.config.device)
     seconds = time.perf_counter() - start
     tokens = sum(len(o.output_ids) for o in outputs)
+    chosen = engine.stats.decode_steps_by_k
     s, t = engine.stats, engine.executor.timing
     step = seconds / s.steps
     host = (s.schedule_seconds + t.marshal + t.sample) / s.steps
@@ -92,6 +120,8 @@ def decode_row(engine: Engine, batch: list[list[int]], max_tokens: int) -> dict:
         "marshal": 1e3 * t.marshal / s.steps, "kernel": 1e3 * t.kernel / s.steps,
         "sample": 1e3 * t.sample / s.steps, "host": host / step,
         "accept": s.accepted_tokens / s.draft_tokens if s.draft_tokens else None,
+        "chosen": " ".join(f"{k}:{n}" for k, n in sorted(chosen.items())),
+        "outputs": [o.output_ids for o in outputs],
     }
 
 
@@ -116,13 +146,36 @@ def run_transformers(model, batch: list[list[int]], max_tokens: int) -> float:
     return (out.shape[1] - ids.shape[1]) * ids.shape[0] / seconds
 
 
-def _row(backend: str, n: int, k: int, r: dict, hf: float | None) -> str:
+def _row(backend: str, n: int, mtp: str, r: dict, hf: float | None, same: str) -> str:
     ratio = f"{r['tok/s'] / hf:.2f}x" if hf else "-"
     accept = f"{r['accept']:.1%}" if r["accept"] is not None else "-"
-    return (f"| v4serve {backend} | {n} | {'on' if k else 'off'} | {r['tok/s']:.1f} | {ratio} | "
+    return (f"| v4serve {backend} | {n} | {mtp} | {r['tok/s']:.1f} | {ratio} | "
             f"{r['disp/req']:.1f} | {r['steps']} | {r['step']:.1f} | {r['sched']:.2f} | "
             f"{r['marshal']:.2f} | {r['kernel']:.1f} | {r['sample']:.2f} | "
-            f"{100 * r['host']:.0f}% | {accept} |")
+            f"{100 * r['host']:.0f}% | {accept} | {r['chosen']} | {same} |")
+
+
+def _same(r: dict, first: dict | None) -> str:
+    """How many of the row's outputs are the first setting's (greedy: every one)."""
+    if first is None:
+        return "-"
+    same = sum(a == b for a, b in zip(r["outputs"], first["outputs"]))
+    return f"{same}/{len(r['outputs'])}"
+
+
+def _speculation_summary(rates: dict[tuple[str, int], dict[str, float]]) -> None:
+    """Adaptive against the best fixed K, per backend and concurrency."""
+    for (backend, n), by in rates.items():
+        fixed = {mtp: rate for mtp, rate in by.items() if not mtp.startswith("adaptive")}
+        adaptive = [(mtp, rate) for mtp, rate in by.items() if mtp.startswith("adaptive")]
+        if not fixed or not adaptive:
+            continue
+        best = max(fixed, key=fixed.get)
+        mtp, rate = adaptive[0]
+        beats = all(rate > r for r in fixed.values())
+        print(f"{backend}, concurrency {n}: {mtp} {rate:.1f} tok/s, best fixed {best} "
+              f"{fixed[best]:.1f}: {rate / fixed[best]:.3f}x"
+              f"{' (beats every fixed K)' if beats else ''}")
 
 
 def main() -> None:
@@ -139,7 +192,17 @@ def main() -> None:
     parser.add_argument("--executors", default="uni",
                         help="uni (every rank in one process), mp (a process per rank), "
                              "or both: uni,mp")
+    parser.add_argument("--speculation", default="0,1",
+                        help="MTP settings, comma-separated: K (0: off) or adaptive")
+    parser.add_argument("--deep", action="store_true",
+                        help="the 16-layer model of specs/tiny-deep.yaml, built from --model")
     args = parser.parse_args()
+    if args.deep:
+        from bench.deep_checkpoint import build as build_deep
+
+        args.spec = "tiny-deep"
+        layers = generated.load(args.spec).architecture.CONFIG["num_hidden_layers"]
+        args.model = build_deep(args.model, cache_dir() / "checkpoints" / args.spec, layers)
     levels = [int(c) for c in args.concurrency.split(",")]
     backends = args.backends.split(",")
     print(f"spec {args.spec}, {args.model}, prompt {args.prompt_len} tokens, {args.max_tokens} "
@@ -160,25 +223,33 @@ def main() -> None:
             print(f"| transformers generate | {n} | - | {hf_tps[n]:.1f} | 1.00x |"
                   + " - |" * (len(HEADER) - 5), flush=True)
     prefill: dict[str, float] = {}
+    rates: dict[tuple[str, int], dict[str, float]] = {}
     long = prompts(1, args.long_prompt, args.model)[0] if args.long_prompt else None
     caches = args.kv_cache_dtypes.split(",")
     if len(caches) > 1 and len(backends) > 1:
         parser.error("--kv-cache-dtypes with two values takes one backend")
     for executor, backend, cache in ((e, b, c) for e in args.executors.split(",")
                                      for b in backends for c in caches):
-        label = backend + (" mp" if executor == "mp" else "") + (" fp8" if cache == "fp8" else "")
-        for k in (0, 1):
-            engine = build(args, backend, k, executor, cache)
+        name = backend + (" mp" if executor == "mp" else "") + (" fp8" if cache == "fp8" else "")
+        first: dict[int, dict] = {}
+        for k, policy in settings(args.spec, args.speculation):
+            engine = build(args, backend, k, executor, cache, policy)
+            mtp = label(k, policy)
             for n in levels:
                 r = decode_row(engine, prompts(n, args.prompt_len, args.model),
                                args.max_tokens)
-                print(_row(label, n, k, r, hf_tps.get(n)), flush=True)
+                print(_row(name, n, mtp, r, hf_tps.get(n), _same(r, first.get(n))),
+                      flush=True)
+                first.setdefault(n, r)
+                rates.setdefault((name, n), {})[mtp] = r["tok/s"]
             if long and k == 0 and executor == "uni":
                 prefill_seconds(engine, long[:256])                       # first use
-                prefill[label] = prefill_seconds(engine, long)
+                prefill[name] = prefill_seconds(engine, long)
             engine.close()
     print("columns step/sched/marshal/kernel/sample: milliseconds per engine step; host %: "
-          "(sched + marshal + sample) / step")
+          "(sched + marshal + sample) / step; K chosen: decode steps per K; = K=0: outputs "
+          "identical to the first setting's")
+    _speculation_summary(rates)
     for backend, seconds in prefill.items():
         print(f"prefill of a {args.long_prompt}-token prompt, {backend} backend: "
               f"{seconds:.2f} s ({args.long_prompt / seconds:.0f} tok/s)")

@@ -12,6 +12,7 @@ SPECS = {
     "reference": "specs/reference.yaml",
     "tiny": "specs/tiny.yaml",
     "tiny_bf16": "specs/tiny-bf16.yaml",
+    "tiny_deep": "specs/tiny-deep.yaml",
     "tiny_fp8": "specs/tiny-fp8.yaml",
 }
 

@@ -86,4 +86,20 @@ class _EngineCollector:
         for key, used in snap["pool_usage"].items():
             group, rank = key.split("/")
             pools.add_metric([m, group, rank], used)
-        return families + [dispatches, pools]
+        return families + [dispatches, pools, *_speculation(snap, m)]
+
+
+def _speculation(snap: dict, m: str) -> list:
+    """Drafts kept per draft position (vLLM's name) and decode steps per K (the K the
+    speculation policy chose for each)."""
+    per_position = CounterMetricFamily(
+        "vllm:spec_decode_num_accepted_tokens_per_pos",
+        "MTP draft tokens accepted at each draft position", labels=["model_name", "position"])
+    for position, count in enumerate(snap.get("accepted_per_position", [])):
+        per_position.add_metric([m, str(position)], count)
+    by_k = CounterMetricFamily("v4serve:spec_decode_steps",
+                               "Decode steps by the number of MTP drafts (K) each ran",
+                               labels=["model_name", "k"])
+    for k, count in snap.get("decode_steps_by_k", {}).items():
+        by_k.add_metric([m, k], count)
+    return [per_position, by_k]

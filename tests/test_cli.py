@@ -2,6 +2,7 @@
 stale specs refused, generate's checks and output, the port checked first."""
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -116,6 +117,24 @@ def test_generate_rejects_a_k_without_a_layout():
                       "--num-speculative-tokens", "4")
     assert result.returncode == 1
     assert "spec specs/reference.yaml has decode layouts for K in [0, 1, 2, 3]" in result.stderr
+
+
+@pytest.mark.slow
+def test_generate_chooses_k_per_step_with_the_adaptive_policy(capsys):
+    from server.cli import main
+
+    code = main(["generate", "--spec", "reference", "--model",
+                 str(REPO / "tests" / "fixtures" / "v4-tiny"), "--prompt-ids", "5,6,7",
+                 "--max-tokens", "24", "--num-speculative-tokens", "3",
+                 "--speculative-policy", "adaptive", "--json"])
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert code == 0 and summary["mtp"]["policy"] == "adaptive"
+    assert set(summary["mtp"]["decode_steps_by_k"]) == {"0", "1", "2", "3"}   # each tried
+    assert {"decode_b8s1_mtp", "decode_b4s2", "decode_b4s3", "decode_b4s4"} \
+        <= set(summary["dispatches"])
+    with pytest.raises(SystemExit, match="--speculative-policy adaptive chooses K per step"):
+        _generate(capsys, "--prompt-ids", "5,6", "--num-speculative-tokens", "0",
+                  "--speculative-policy", "adaptive")
 
 
 def _generate(capsys, *args: str) -> tuple[int, str]:

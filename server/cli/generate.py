@@ -210,5 +210,8 @@ def _summary(engine: Engine, outputs, seconds: float) -> dict:
         "mtp": {"drafts": s.drafts, "draft_tokens": s.draft_tokens,
                 "accepted_tokens": s.accepted_tokens,
                 "acceptance_rate": round(s.accepted_tokens / s.draft_tokens, 4)
-                if s.draft_tokens else None},
+                if s.draft_tokens else None,
+                "policy": engine.config.speculative_policy,
+                "accepted_per_position": list(s.accepted_per_position),
+                "decode_steps_by_k": {str(k): n for k, n in sorted(s.decode_steps_by_k.items())}},
     }

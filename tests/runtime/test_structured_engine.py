@@ -44,21 +44,34 @@ def make_engine(params, **overrides) -> Engine:
     return Engine(config, TINY, params, Tokenizer(MODEL))
 
 
-@pytest.mark.parametrize("backend", ["torch", "compiled-eager"])
-def test_constrained_greedy_output_validates_and_mtp_keeps_it(params, backend):
-    """The mask is applied at the tail and after the draft, so verification under a
-    grammar is as lossless as without one: MTP on gives MTP off's tokens."""
-    prompts = [random_prompt(40 + 37 * i, i) for i in range(6)]
-    greedy = SamplingParams(temperature=0, max_tokens=80, structured=JSON)
-    runs = {}
-    for k in (0, 1):
-        engine = make_engine(params, num_speculative_tokens=k, backend=backend)
-        runs[k] = engine.generate(prompts, greedy)
-        assert_all_free(engine)
-    assert [o.output_ids for o in runs[1]] == [o.output_ids for o in runs[0]]
-    for out in runs[1]:
+PROMPTS = [random_prompt(40 + 37 * i, i) for i in range(6)]
+GREEDY_JSON = SamplingParams(temperature=0, max_tokens=80, structured=JSON)
+
+
+@pytest.fixture(scope="module")
+def plain_json(params) -> list[list[int]]:
+    engine = make_engine(params, num_speculative_tokens=0, backend="compiled-eager")
+    outputs = engine.generate(PROMPTS, GREEDY_JSON)
+    for out in outputs:
         assert out.finish_reason == "stop"
         jsonschema.validate(json.loads(out.text), SCHEMA)
+    return [o.output_ids for o in outputs]
+
+
+@pytest.mark.parametrize("backend, k, policy", [
+    ("torch", 3, "fixed"), ("compiled-eager", 1, "fixed"), ("compiled-eager", 3, "adaptive")])
+def test_constrained_greedy_output_validates_and_mtp_keeps_it(params, plain_json, backend, k,
+                                                              policy):
+    """The mask is applied at the tail and after each draft, so verification under a
+    grammar is as lossless as without one: MTP with 1 or 3 drafts, or K chosen per step,
+    gives MTP off's tokens."""
+    engine = make_engine(params, num_speculative_tokens=k, backend=backend,
+                         speculative_policy=policy)
+    assert [o.output_ids for o in engine.generate(PROMPTS, GREEDY_JSON)] == plain_json
+    assert engine.stats.accepted_tokens > 0
+    if policy == "fixed":
+        assert engine.stats.accepted_per_position[k - 1] > 0
+    assert_all_free(engine)
 
 
 def test_seeded_choices_stay_in_the_choice_and_repeat(params):

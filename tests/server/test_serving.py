@@ -21,7 +21,8 @@ NAMES = {
     "vllm:e2e_request_latency_seconds", "vllm:prompt_tokens", "vllm:generation_tokens",
     "vllm:num_preemptions", "vllm:spec_decode_num_drafts",
     "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens",
-    "v4serve:dispatches", "v4serve:pool_usage_perc",
+    "vllm:spec_decode_num_accepted_tokens_per_pos", "v4serve:dispatches",
+    "v4serve:pool_usage_perc", "v4serve:spec_decode_steps",
 }
 
 
@@ -74,6 +75,9 @@ def test_64_streams_with_16_disconnects(params):
         assert _value(metrics, "vllm:kv_cache_usage_perc") == 0
         assert _value(metrics, "v4serve:pool_usage_perc") == 0
         assert _value(metrics, "vllm:generation_tokens") >= 48 * 24
+        assert _value(metrics, "vllm:spec_decode_num_accepted_tokens_per_pos") \
+            == _value(metrics, "vllm:spec_decode_num_accepted_tokens")
+        assert {s.labels["k"] for s in metrics["v4serve:spec_decode_steps"]} == {"1"}
         assert live.engine.num_in_flight == 0
 
 
