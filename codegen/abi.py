@@ -10,7 +10,7 @@ from contract.abi import MTP_SLOT_FIELDS, Arg, KernelABI
 def kernel_plans(plan: Plan) -> tuple[KernelABI, ...]:
     """Every kernel of a spec: main prefill, MTP prefill, one decode per layout. With
     speculation, the K=0 layout also has a fused kernel that drafts nothing but keeps
-    the MTP state going, so that a step may choose K=0 and the next K>0 with no
+    each row's MTP slot going, so that a step may choose K=0 and the next K>0 with no
     recompute (--speculative-policy adaptive)."""
     kernels = [_prefill_main(plan, plan.has_mtp)]
     if plan.has_mtp:
@@ -171,7 +171,7 @@ def _decode_mtp(plan: Plan, k: int, batch: int, seq: int, name: str) -> KernelAB
         doc = (f"Fused decode + MTP draft B{batch}S{seq} (K={k}): per row, drafts {k} "
                "token(s) from the slot's state, then runs the main model on [tail, drafts].")
     else:
-        doc = (f"Fused decode B{batch}S{seq} (K=0): per row, the MTP layer's KV at the row "
-               "before the tail (no draft), then the main model on the tail; the slot "
-               "advances as after a fused step.")
+        doc = (f"Fused decode B{batch}S{seq} (K=0): per row, the main model on the slot's "
+               "tail (no draft, the MTP layer does not run); the slot advances as after a "
+               "fused step.")
     return _kernel(plan, name, "decode_mtp", doc, batch, seq, k, args)

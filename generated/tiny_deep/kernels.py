@@ -177,8 +177,8 @@ DECODE_B8S1 = KernelABI(
 
 DECODE_B8S1_MTP = KernelABI(
     spec="tiny-deep", name="decode_b8s1_mtp", kind="decode_mtp", rows=8, seq=1, k=0, doc="Fused "
-    "decode B8S1 (K=0): per row, the MTP layer's KV at the row before the tail (no draft), then "
-    "the main model on the tail; the slot advances as after a fused step.",
+    "decode B8S1 (K=0): per row, the main model on the slot's tail (no draft, the MTP layer does "
+    "not run); the slot advances as after a fused step.",
     args=(
         Arg("slot_ids", "metadata", "int32", ("ranks", 8), "[ranks, batch]", staged=True,
             doc="MTP state slot of each row; -1 marks an empty row"),

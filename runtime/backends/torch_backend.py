@@ -139,19 +139,16 @@ def _live_rows(named: dict, field) -> list[tuple[int, int, int]]:
 def _draft(params: ModelParams, kernel: KernelABI, view: PoolView,
            rows: list[tuple[int, int, int]], tails: torch.Tensor, tail_pos: list[int],
            hidden: torch.Tensor, k: int, masks: torch.Tensor) -> torch.Tensor:
-    """K greedy drafts per row [rows, K]; step i runs the MTP block at position
-    tail_pos - 1 + i on (streams, token), chaining the block's own output streams and
-    draft. The first draft takes only tokens its row's mask [rows, ceil(V / 32)] allows.
-    With K = 0 the block still runs once: its KV at the row before the tail is the
-    state the next step's drafts attend to."""
+    """K greedy drafts per row [rows, K] (K = 0: none, the block does not run); step i
+    runs the MTP block at position tail_pos - 1 + i on (streams, token), chaining the
+    block's own output streams and draft. The first draft takes only tokens its row's
+    mask [rows, ceil(V / 32)] allows."""
     layer = params.args.mtp_layers[0]
     token, drafts = tails, []
-    for step in range(max(k, 1)):
+    for step in range(k):
         segments = [Segment(r, b, pos - 1 + step, 1, i)
                     for i, ((r, b, _), pos) in enumerate(zip(rows, tail_pos))]
         hidden = mtp_block(params, layer, hidden, token, segments, view, kernel.tile)
-        if step == k:
-            break
         scores = logits(params, hidden, params.args.prefix(layer))
         if step == 0:
             allowed = unpack_mask(masks, scores.shape[-1])

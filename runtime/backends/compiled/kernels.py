@@ -45,8 +45,8 @@ def decode(model: CompiledModel, kernel: KernelABI, args, index: torch.Tensor) -
 
 
 def decode_mtp(model: CompiledModel, kernel: KernelABI, args, index: torch.Tensor) -> None:
-    """Per row of `index`: K greedy drafts (K >= 0) from its slot's (hidden, tail), then
-    the main model on [tail, drafts]; logits, streams and drafts of the live rows (a row whose
+    """Per row of `index`: K greedy drafts from its slot's (hidden, tail) (K = 0: none,
+    the MTP layer does not run), then the main model on [tail, drafts]; logits, streams and drafts of the live rows (a row whose
     slot is -1 or whose generation moved on computes on scratch pages only)."""
     field, batch = kernel.mtp_field, args.slot_ids.shape[1]
     rank, slot = index // batch, _flat(args.slot_ids)[index].long()
@@ -56,11 +56,9 @@ def decode_mtp(model: CompiledModel, kernel: KernelABI, args, index: torch.Tenso
     tables, pools = _tables(kernel, args, index), _pools(kernel, args)
     bucket, k = kernel.context_bucket(args.context), args.draft_ids.shape[-1]
     hidden, token, drafts = args.mtp_slot_hidden[rank, slot], tail, []
-    for step in range(max(k, 1)):  # K is the layout's: unrolled, not data-driven
+    for step in range(k):          # K is the layout's: unrolled, not data-driven
         call = Call(token[:, None], tail_pos - 1 + step, live, rank, tables)
         hidden = model.mtp(hidden[:, None], call, pools, bucket)[:, 0]
-        if step == k:              # K = 0: the block ran for its KV at the row before
-            break                  # the tail, which later drafts attend to
         logits = model.logits(hidden, mtp=True)
         if step == 0:              # the first draft follows the tail: the tail's mask holds
             allowed = unpack_mask(_flat(args.draft_mask)[index], logits.shape[-1])
