@@ -9,21 +9,24 @@
 
               with aj the running acceptance of draft j among rows whose drafts 1..j-1
               were kept, and cost(K, rows) the measured seconds of a decode step of that K
-              (a running mean per power-of-two bucket of the step's rows).
+              (per power-of-two bucket of the step's rows: the lower median of its last
+              five measurements, so that a step slowed by something else - a first use,
+              another process - does not decide the next hundred).
 
 Every K is compiled ahead (the spec's fused layouts, FUSED_BY_K) and every fused step,
 K=0 included, keeps each row's MTP state, so a switch never recomputes anything. The
 engine reports each step (`observe`): its K, rows and acceptance, and its seconds when
 the step was decode only (a prefill's time says nothing of a layout's cost).
 
-The adaptive choice explores: a (K, bucket) never measured is tried first, and every
-`probe_every` steps of a bucket the K measured longest ago there is tried once, so that
-a cost that changed (a context bucket, a busier machine) or an acceptance that changed
-(other prompts) is seen again. At most one step in `probe_every` runs a K it did not
-pick for its rate.
+The adaptive choice explores: a (K, bucket) measured fewer than `warm` times is tried
+first, and every `probe_every` steps of a bucket the K measured longest ago there is
+tried once, so that a cost that changed (a context bucket, a busier machine) or an
+acceptance that changed (other prompts) is seen again. At most one step in
+`probe_every` runs a K it did not pick for its rate.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 POLICIES = ("fixed", "adaptive")
@@ -49,10 +52,15 @@ class Speculation:
 
 @dataclass
 class _Cost:
-    """The running mean seconds of one (K, bucket), and the step it was last measured."""
+    """The last measurements of one (K, bucket), and the step it was last measured."""
 
-    seconds: float
-    measured_at: int
+    samples: deque[float] = field(default_factory=lambda: deque(maxlen=5))
+    measured_at: int = 0
+
+    @property
+    def seconds(self) -> float:
+        """The lower median of the samples kept."""
+        return sorted(self.samples)[(len(self.samples) - 1) // 2]
 
 
 @dataclass
@@ -85,14 +93,13 @@ class AdaptiveSpeculation(Speculation):
     """K chosen per step among 0..`max_k` (see the module docstring)."""
 
     name = "adaptive"
-    SMOOTHING = 0.25          # weight of a new cost sample in its running mean
     DECAY = 0.995             # per row reaching a position: ~200 rows of memory
     FIRST_RATE = 0.5          # the acceptance assumed before any draft was verified
 
-    def __init__(self, max_k: int, probe_every: int = 32):
+    def __init__(self, max_k: int, probe_every: int = 16, warm: int = 2):
         super().__init__(max_k)
         self.ks = tuple(range(max_k + 1))
-        self.probe_every = probe_every
+        self.probe_every, self.warm = probe_every, warm
         self.costs: dict[tuple[int, int], _Cost] = {}
         self.acceptance = _Acceptance()
         self._steps: dict[int, int] = {}           # decode steps per bucket
@@ -101,7 +108,7 @@ class AdaptiveSpeculation(Speculation):
     def choose(self, rows: int) -> int:
         bucket = _bucket(rows)
         step = self._steps[bucket] = self._steps.get(bucket, 0) + 1
-        unmeasured = [k for k in self.ks if (k, bucket) not in self.costs]
+        unmeasured = [k for k in self.ks if len(self._cost(k, bucket).samples) < self.warm]
         if unmeasured:
             k = unmeasured[0]
         elif step % self.probe_every == 0:
@@ -127,13 +134,14 @@ class AdaptiveSpeculation(Speculation):
         if seconds is None or rows <= 0:
             return
         bucket = _bucket(rows)
-        step = self._steps.get(bucket, 0)
-        cost = self.costs.get((k, bucket))
-        if cost is None:
-            self.costs[k, bucket] = _Cost(seconds, step)
-        else:
-            cost.seconds += self.SMOOTHING * (seconds - cost.seconds)
-            cost.measured_at = step
+        cost = self._cost(k, bucket)
+        cost.samples.append(seconds)
+        cost.measured_at = self._steps.get(bucket, 0)
+
+    def _cost(self, k: int, bucket: int) -> _Cost:
+        if (k, bucket) not in self.costs:
+            self.costs[k, bucket] = _Cost()
+        return self.costs[k, bucket]
 
 
 def _bucket(rows: int) -> int:

@@ -46,8 +46,9 @@ def decode(model: CompiledModel, kernel: KernelABI, args, index: torch.Tensor) -
 
 def decode_mtp(model: CompiledModel, kernel: KernelABI, args, index: torch.Tensor) -> None:
     """Per row of `index`: K greedy drafts from its slot's (hidden, tail) (K = 0: none,
-    the MTP layer does not run), then the main model on [tail, drafts]; logits, streams and drafts of the live rows (a row whose
-    slot is -1 or whose generation moved on computes on scratch pages only)."""
+    the MTP layer does not run), then the main model on [tail, drafts]; logits, streams
+    and drafts of the live rows (a row whose slot is -1 or whose generation moved on
+    computes on scratch pages only)."""
     field, batch = kernel.mtp_field, args.slot_ids.shape[1]
     rank, slot = index // batch, _flat(args.slot_ids)[index].long()
     state = args.mtp_slots[rank, slot]                                     # [N, fields]
