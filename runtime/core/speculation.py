@@ -18,8 +18,8 @@ K=0 included, keeps each row's MTP state, so a switch never recomputes anything.
 engine reports each step (`observe`): its K, rows and acceptance, and its seconds when
 the step was decode only (a prefill's time says nothing of a layout's cost).
 
-The adaptive choice explores: a (K, bucket) measured fewer than `warm` times is tried
-first, and every `probe_every` steps of a bucket the K measured longest ago there is
+The adaptive choice explores: a (K, bucket) measured fewer than `warm` times (once) is
+tried first, and every `probe_every` steps of a bucket the K measured longest ago there is
 tried once, so that a cost that changed (a context bucket, a busier machine) or an
 acceptance that changed (other prompts) is seen again. At most one step in
 `probe_every` runs a K it did not pick for its rate.
@@ -96,7 +96,7 @@ class AdaptiveSpeculation(Speculation):
     DECAY = 0.995             # per row reaching a position: ~200 rows of memory
     FIRST_RATE = 0.5          # the acceptance assumed before any draft was verified
 
-    def __init__(self, max_k: int, probe_every: int = 16, warm: int = 2):
+    def __init__(self, max_k: int, probe_every: int = 24, warm: int = 1):
         super().__init__(max_k)
         self.ks = tuple(range(max_k + 1))
         self.probe_every, self.warm = probe_every, warm

@@ -258,7 +258,8 @@ class ModelRunner:
         if kernel.kind != "decode_mtp":
             return self.sampler.sample(step.requests, step.logits, results)
         if not kernel.k:            # nothing drafted: the tail's row, sampled
-            sampled = self.sampler.sample(step.requests, step.logits[:, 0], results)
+            sampled = self.sampler.sample(step.requests, step.logits[:, 0], results,
+                                          checked=True)
             if sampled:
                 self._advance(step, sampled[0], None)
             return sampled
@@ -268,13 +269,10 @@ class ModelRunner:
         return [sampled]
 
     def _advance(self, step: Decoded, sampled: Sampled, accepted: torch.Tensor | None) -> None:
-        """The MTP slots of the sampled rows after the step: `accepted` [n] drafts kept
-        per row (None: none drafted)."""
+        """The MTP slots of the step's rows (every one sampled: they were checked before
+        the launch) after the step: `accepted` [n] drafts kept per row (None: none
+        drafted)."""
         hidden = step.hidden
-        if len(sampled.requests) < len(step.requests):     # rows that failed alone left
-            at = {r: j for j, r in enumerate(step.requests)}
-            hidden = hidden[torch.tensor([at[r] for r in sampled.requests],
-                                         device=hidden.device)]
         if accepted is None:
             accepted = torch.zeros(len(sampled.requests), dtype=torch.long,
                                    device=hidden.device)
