@@ -8,20 +8,13 @@ from contract.abi import MTP_SLOT_FIELDS, Arg, KernelABI
 
 
 def kernel_plans(plan: Plan) -> tuple[KernelABI, ...]:
-    """Every kernel of a spec: main prefill, MTP prefill, one decode per layout. With
-    speculation, the K=0 layout also has a fused kernel that drafts nothing but keeps
-    each row's MTP slot going, so that a step may choose K=0 and the next K>0 with no
-    recompute (--speculative-policy adaptive)."""
+    """Every kernel of a spec: main prefill, MTP prefill, one decode per layout."""
     kernels = [_prefill_main(plan, plan.has_mtp)]
     if plan.has_mtp:
         kernels.append(_prefill_mtp(plan))
-    speculates = plan.has_mtp and any(layout.k > 0 for layout in plan.layouts)
     for layout in plan.layouts:
         make = _decode_mtp if layout.k > 0 else _decode
         kernels.append(make(plan, layout.k, layout.batch, layout.seq, layout.kernel))
-        if layout.k == 0 and speculates:
-            kernels.append(_decode_mtp(plan, 0, layout.batch, layout.seq,
-                                       layout.kernel + "_mtp"))
     return tuple(kernels)
 
 
@@ -167,11 +160,6 @@ def _decode_mtp(plan: Plan, k: int, batch: int, seq: int, name: str) -> KernelAB
         Arg("draft_ids", "output", "int64", (R, batch, k), "[ranks, batch, k]",
                 "the MTP drafts this step verified"),
     )
-    if k:
-        doc = (f"Fused decode + MTP draft B{batch}S{seq} (K={k}): per row, drafts {k} "
-               "token(s) from the slot's state, then runs the main model on [tail, drafts].")
-    else:
-        doc = (f"Fused decode B{batch}S{seq} (K=0): per row, the main model on the slot's "
-               "tail (no draft, the MTP layer does not run); the slot advances as after a "
-               "fused step.")
+    doc = (f"Fused decode + MTP draft B{batch}S{seq} (K={k}): per row, drafts {k} token(s) "
+           "from the slot's state, then runs the main model on [tail, drafts].")
     return _kernel(plan, name, "decode_mtp", doc, batch, seq, k, args)

@@ -13,8 +13,8 @@
               five measurements, so that a step slowed by something else - a first use,
               another process - does not decide the next hundred).
 
-Every K is compiled ahead (the spec's fused layouts, FUSED_BY_K) and every fused step,
-K=0 included, keeps each row's MTP state, so a switch never recomputes anything. The
+Every K is compiled ahead (the spec's decode layouts) and every step, a plain K=0 one
+included, moves each row's MTP slot on, so a switch never recomputes anything. The
 engine reports each step (`observe`): its K, rows and acceptance, and its seconds when
 the step was decode only (a prefill's time says nothing of a layout's cost).
 

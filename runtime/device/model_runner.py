@@ -81,8 +81,8 @@ class ModelRunner:
 
     `checkpoint`: its tokenizer serves structured outputs; `defer_compile`: graphs not
     compiled yet run eagerly meanwhile (the backend's `defer`); `adaptive`: each step
-    brings its K (SchedulerOutput.k, 0..k) and every decode runs the fused kernel of
-    that K (FUSED_BY_K), so that the MTP state follows every step."""
+    brings its K (SchedulerOutput.k, 0..k) and launches that K's kernel, and a plain
+    (K=0) step moves the MTP slots on too, so that a switch never recomputes."""
 
     def __init__(self, spec: ModuleType, params: ModelParams, blocks: dict[str, int], k: int,
                  backend: str, device: torch.device, ranks: int | None = None, *,
@@ -95,8 +95,8 @@ class ModelRunner:
         self.prefill = Launcher(spec.kernels.PREFILL_MAIN, device, backend, ranks=self.ranks)
         self.prefill_mtp = Launcher(spec.kernels.PREFILL_MTP, device, backend, ranks=self.ranks) \
             if k else None
-        kernels = spec.kernels.FUSED_BY_K if adaptive else spec.kernels.DECODE_BY_K
-        self.decoders = {j: Launcher(kernels[j], device, backend, ranks=self.ranks)
+        self.decoders = {j: Launcher(spec.kernels.DECODE_BY_K[j], device, backend,
+                                     ranks=self.ranks)
                          for j in (range(k + 1) if adaptive else (k,))}
         self.backend = self.prefill.backend       # every launcher's: one per name
         if defer_compile:
@@ -256,27 +256,14 @@ class ModelRunner:
             return []
         step = Decoded.joined(parts)
         if kernel.kind != "decode_mtp":
-            return self.sampler.sample(step.requests, step.logits, results)
-        if not kernel.k:            # nothing drafted: the tail's row, sampled
-            sampled = self.sampler.sample(step.requests, step.logits[:, 0], results,
-                                          checked=True)
-            if sampled:
-                self._advance(step, sampled[0], None)
+            sampled = self.sampler.sample(step.requests, step.logits, results)
+            if sampled and self.mtp_slots is not None:     # adaptive: a K=0 step
+                self.mtp_slots.advance(sampled[0].requests, sampled[0].tokens)
             return sampled
         sampled, accepted = self.sampler.verify(step.requests, step.logits, step.draft,
                                                 step.tail_masks, kernel.k)
-        self._advance(step, sampled, accepted)
+        self.mtp_slots.advance(step.requests, sampled.tokens, accepted, step.hidden)
         return [sampled]
-
-    def _advance(self, step: Decoded, sampled: Sampled, accepted: torch.Tensor | None) -> None:
-        """The MTP slots of the step's rows (every one sampled: they were checked before
-        the launch) after the step: `accepted` [n] drafts kept per row (None: none
-        drafted)."""
-        hidden = step.hidden
-        if accepted is None:
-            accepted = torch.zeros(len(sampled.requests), dtype=torch.long,
-                                   device=hidden.device)
-        self.mtp_slots.advance(sampled.requests, sampled.tokens, accepted, hidden)
 
     # -- prefill ---------------------------------------------------------------------
 
