@@ -20,9 +20,13 @@ the step was decode only (a prefill's time says nothing of a layout's cost).
 
 The adaptive choice explores: a (K, bucket) measured fewer than `warm` times (once) is
 tried first, and every `probe_every` steps of a bucket the K measured longest ago there is
-tried once, so that a cost that changed (a context bucket, a busier machine) or an
-acceptance that changed (other prompts) is seen again. At most one step in
-`probe_every` runs a K it did not pick for its rate.
+tried for two steps, so that a cost that changed (a context bucket, a busier machine) or
+an acceptance that changed (other prompts) is seen again. At most two steps in
+`probe_every` run a K not picked for its rate.
+
+A K=0 step moves the MTP slots on without the streams a first draft is made from, so
+the first fused step after one drafts from older streams: its acceptance is not counted
+(the probe's second step is).
 """
 from __future__ import annotations
 
@@ -93,7 +97,7 @@ class AdaptiveSpeculation(Speculation):
     """K chosen per step among 0..`max_k` (see the module docstring)."""
 
     name = "adaptive"
-    DECAY = 0.995             # per row reaching a position: ~200 rows of memory
+    DECAY = 0.999             # per row reaching a position: ~1000 rows of memory
     FIRST_RATE = 0.5          # the acceptance assumed before any draft was verified
 
     def __init__(self, max_k: int, probe_every: int = 24, warm: int = 1):
@@ -104,15 +108,19 @@ class AdaptiveSpeculation(Speculation):
         self.acceptance = _Acceptance()
         self._steps: dict[int, int] = {}           # decode steps per bucket
         self.chosen: dict[int, int] = {}           # steps per K (the metrics' histogram)
+        self._again: int | None = None             # a probe's K, for its second step
+        self._observed: int | None = None          # the K of the step observed last
 
     def choose(self, rows: int) -> int:
         bucket = _bucket(rows)
         step = self._steps[bucket] = self._steps.get(bucket, 0) + 1
         unmeasured = [k for k in self.ks if len(self._cost(k, bucket).samples) < self.warm]
-        if unmeasured:
+        if self._again is not None:
+            k, self._again = self._again, None
+        elif unmeasured:
             k = unmeasured[0]
         elif step % self.probe_every == 0:
-            k = min(self.ks, key=lambda k: self.costs[k, bucket].measured_at)
+            k = self._again = min(self.ks, key=lambda k: self.costs[k, bucket].measured_at)
         else:
             k = max(self.ks, key=lambda k: self.expected_tokens(k)
                     / self.costs[k, bucket].seconds)
@@ -130,7 +138,9 @@ class AdaptiveSpeculation(Speculation):
 
     def observe(self, k: int, rows: int, seconds: float | None,
                 reached: list[int], accepted: list[int]) -> None:
-        self.acceptance.add(reached, accepted, self.DECAY)
+        if self._observed != 0 or not k:    # not the first fused step after a K=0 one
+            self.acceptance.add(reached, accepted, self.DECAY)
+        self._observed = k
         if seconds is None or rows <= 0:
             return
         bucket = _bucket(rows)

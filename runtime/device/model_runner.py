@@ -110,6 +110,7 @@ class ModelRunner:
                                params.args.vocab_size, device, self.masks, self.timing)
         self.mtp_slots = MtpSlotState(self.mtp, spec.pools.MtpField, spec.contract.MTP_WINDOW,
                                   device) if k else None
+        self._lagging: set[str] = set()      # requests whose slot a K=0 step left behind
 
     # -- the step --------------------------------------------------------------------
 
@@ -139,6 +140,7 @@ class ModelRunner:
         return results
 
     def forget(self, request_id: str) -> None:
+        self._lagging.discard(request_id)
         self.sampler.forget(request_id)
         self.masks.forget(request_id)
 
@@ -233,6 +235,8 @@ class ModelRunner:
         verifies."""
         ok = self.sampler.usable(requests, results)
         kept = requests if len(ok) == len(requests) else [requests[j] for j in ok]
+        if self._lagging:
+            self._catch_up(kept)
         tail_masks = self.masks.masks(kept)
         constrained = [] if tail_masks is None else list(zip(kept, step.rows(i, ok)))
         draft_mask = self.masks.draft_mask(self.inputs.decode_shape(decoder.kernel),
@@ -246,6 +250,15 @@ class ModelRunner:
                        out.draft_ids.flatten(0, 1)[flat],
                        tail_masks, out.hidden.view(-1, *out.hidden.shape[2:])[flat])
 
+    def _catch_up(self, requests: list[Request]) -> None:
+        """Slots that K=0 steps left behind take their request's tail and position from
+        the host (the streams stay those of the last fused step: see
+        MtpSlotState.catch_up)."""
+        behind = [r for r in requests if r.request_id in self._lagging]
+        if behind:
+            self.mtp_slots.catch_up(behind)
+            self._lagging.difference_update(r.request_id for r in behind)
+
     def _sample_decoded(self, decoded: list[Decoded | None], kernel,
                         results) -> list[Sampled]:
         """Every decode launch's rows sampled in one call; fused, verified in one call
@@ -256,10 +269,9 @@ class ModelRunner:
             return []
         step = Decoded.joined(parts)
         if kernel.kind != "decode_mtp":
-            sampled = self.sampler.sample(step.requests, step.logits, results)
-            if sampled and self.mtp_slots is not None:     # adaptive: a K=0 step
-                self.mtp_slots.advance(sampled[0].requests, sampled[0].tokens)
-            return sampled
+            if self.mtp_slots is not None:      # adaptive, a K=0 step: the slots lag
+                self._lagging.update(r.request_id for r in step.requests)
+            return self.sampler.sample(step.requests, step.logits, results)
         sampled, accepted = self.sampler.verify(step.requests, step.logits, step.draft,
                                                 step.tail_masks, kernel.k)
         self.mtp_slots.advance(step.requests, sampled.tokens, accepted, step.hidden)

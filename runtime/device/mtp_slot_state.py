@@ -57,29 +57,35 @@ class MtpSlotState:
         home = upload([ch.slot for ch in chunks], self.device)
         self.mtp.hidden[rank, slot] = hidden[rank, home, width]
 
-    def advance(self, requests: list[Request], tokens: torch.Tensor,
-                accepted: torch.Tensor | None = None, hidden: torch.Tensor | None = None
-                ) -> None:
+    def advance(self, requests: list[Request], tokens: torch.Tensor, accepted: torch.Tensor,
+                hidden: torch.Tensor) -> None:
         """The slots' state after verification: with a = accepted[i] drafts kept, the new
         tail is the row's token a (the bonus if every draft was kept, else the target),
         at a + 1 positions on, and the streams before it are the main model's at row a.
-        tokens [n, K + 1], accepted [n] int64, hidden [n, K + 1, hc, d]: the step's rows.
-        A plain step's (no accepted, no hidden: K=0 under the adaptive policy) moves the
-        tail on by its one token and keeps the streams the slot had: the next fused step
-        drafts its first token from them (verified as any draft: lossless, kept less
-        often)."""
+        tokens [n, K + 1], accepted [n] int64, hidden [n, K + 1, hc, d]: the step's rows."""
         f = self.field
         rank, slot = self._rank_slot(requests)
         state = self.mtp.slots[rank, slot]
-        if accepted is None:
-            accepted = torch.zeros(len(requests), dtype=torch.long, device=self.device)
         tail_pos = state[:, f.TAIL_POS] + 1 + accepted
         state[:, f.TAIL_TOKEN] = tokens.gather(1, accepted[:, None])[:, 0]
         state[:, f.TAIL_POS], state[:, f.COMMITTED] = tail_pos, tail_pos + 1
         self.mtp.slots[rank, slot] = state
-        if hidden is not None:
-            self.mtp.hidden[rank, slot] = hidden[torch.arange(len(requests),
-                                                              device=self.device), accepted]
+        self.mtp.hidden[rank, slot] = hidden[torch.arange(len(requests), device=self.device),
+                                             accepted]
+
+    def catch_up(self, requests: list[Request]) -> None:
+        """Slots that plain (K=0) steps did not move (the adaptive policy's): the tail and
+        its position from the host, which knows them. The streams stay those of the slot's
+        last fused step, so the next first draft is made from older streams (verified as
+        any draft: the output is the same; it is kept less often)."""
+        f = self.field
+        rank, slot = self._rank_slot(requests)
+        n = len(requests)
+        state = np.fromiter((v for r in requests for v in (r.tail, r.num_tokens - 1,
+                                                            r.num_tokens)), np.int64, 3 * n)
+        columns = upload([f.TAIL_TOKEN, f.TAIL_POS, f.COMMITTED], self.device)
+        self.mtp.slots[rank[:, None], slot[:, None], columns] = \
+            upload(state.reshape(n, 3), self.device)
 
     def _rank_slot(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
         n = len(requests)

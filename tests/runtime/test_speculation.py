@@ -74,7 +74,7 @@ def test_a_slow_first_measurement_does_not_decide():
     sim = Simulated([0.9] * 3, cost)
     for _ in range(4 * policy.probe_every):
         sim.step(policy, 1)
-    assert [policy.choose(1) for _ in range(4)] == [3] * 4
+    assert [policy.choose(1) for _ in range(8)].count(3) >= 6      # probes aside
 
 
 @pytest.mark.parametrize("rate, best", [(0.9, 3), (0.5, 1), (0.05, 0)])
@@ -107,9 +107,10 @@ def test_a_probe_revisits_the_k_measured_longest_ago():
     sim = Simulated([0.0] * 2, lambda k, rows: 1 + k)
     for _ in range(64):
         sim.step(policy, 1)
-    assert policy.chosen[1] + policy.chosen[2] == 2 + 64 // 8        # warm-up, then probes
-    assert policy.chosen[1] >= 4 and policy.chosen[2] >= 4          # in turn
-    assert policy.chosen[0] == 64 - 10
+    # warm-up, then a probe of two steps every 8 (the last one's second step is the 65th)
+    assert policy.chosen[1] + policy.chosen[2] == 2 + 2 * 64 // 8 - 1
+    assert policy.chosen[1] >= 7 and policy.chosen[2] >= 7          # in turn
+    assert policy.chosen[0] == 64 - 17
 
 
 def test_acceptance_is_per_position_and_an_unseen_position_takes_the_previous_rate():
@@ -118,7 +119,8 @@ def test_acceptance_is_per_position_and_an_unseen_position_takes_the_previous_ra
     assert policy.expected_tokens(1) == pytest.approx(1.8)
     assert policy.expected_tokens(3) == pytest.approx(1 + 0.8 + 0.64 + 0.512)
     policy.observe(2, 10, None, [10, 5], [5, 1])
-    a1 = (8 * 0.995 ** 10 + 5) / (10 * 0.995 ** 10 + 10)
+    decay = AdaptiveSpeculation.DECAY
+    a1 = (8 * decay ** 10 + 5) / (10 * decay ** 10 + 10)
     assert policy.expected_tokens(2) == pytest.approx(1 + a1 + a1 * 0.2)
 
 
