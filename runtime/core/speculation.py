@@ -100,7 +100,7 @@ class AdaptiveSpeculation(Speculation):
     DECAY = 0.999             # per row reaching a position: ~1000 rows of memory
     FIRST_RATE = 0.5          # the acceptance assumed before any draft was verified
 
-    def __init__(self, max_k: int, probe_every: int = 24, warm: int = 1):
+    def __init__(self, max_k: int, probe_every: int = 48, warm: int = 1):
         super().__init__(max_k)
         self.ks = tuple(range(max_k + 1))
         self.probe_every, self.warm = probe_every, warm
