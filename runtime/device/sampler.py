@@ -75,12 +75,10 @@ class Sampler:
                 else self._rng.getrandbits(63)
         return self._seeds[request.request_id]
 
-    def sample(self, requests: list[Request], logits: torch.Tensor, results,
-               checked: bool = False) -> list[Sampled]:
-        """One token per row of logits [n, V] (the rows of `requests`; `checked`: rows
-        `usable` already kept)."""
+    def sample(self, requests: list[Request], logits: torch.Tensor, results) -> list[Sampled]:
+        """One token per row of logits [n, V] (the rows of `requests`)."""
         t0 = time.perf_counter()
-        ok = range(len(requests)) if checked else self.usable(requests, results)
+        ok = self.usable(requests, results)
         if not ok:
             return []
         kept = [requests[i] for i in ok]
