@@ -13,8 +13,9 @@
               five measurements, so that a step slowed by something else - a first use,
               another process - does not decide the next hundred).
 
-Every K is compiled ahead (the spec's decode layouts) and every step, a plain K=0 one
-included, moves each row's MTP slot on, so a switch never recomputes anything. The
+Every K is compiled ahead (the spec's decode layouts). A K=0 step is a plain one that
+leaves the MTP slots where they were; the next fused step catches each slot up from the
+host's tail and position (ModelRunner._catch_up), so a switch never recomputes. The
 engine reports each step (`observe`): its K, rows and acceptance, and its seconds when
 the step was decode only (a prefill's time says nothing of a layout's cost).
 
@@ -24,9 +25,9 @@ tried for two steps, so that a cost that changed (a context bucket, a busier mac
 an acceptance that changed (other prompts) is seen again. At most two steps in
 `probe_every` run a K not picked for its rate.
 
-A K=0 step moves the MTP slots on without the streams a first draft is made from, so
-the first fused step after one drafts from older streams: its acceptance is not counted
-(the probe's second step is).
+A caught-up slot keeps the streams of its last fused step, so the first fused step after
+a K=0 one drafts from older streams: its acceptance is not counted (a probe's second step
+is).
 """
 from __future__ import annotations
 
