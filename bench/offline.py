@@ -9,6 +9,7 @@ nothing.
                                       [--long-prompt 16000] [--device cpu]
                                       [--executors uni,mp] [--kv-cache-dtypes auto,fp8]
                                       [--speculation 0,1,2,3,adaptive] [--deep]
+                                      [--repeat 1]
 
 `--speculation` lists the MTP settings to run: K drafts every step (0: MTP off), or
 `adaptive` (--speculative-policy adaptive up to the spec's largest K). With more than
@@ -18,6 +19,10 @@ them, or a K's graphs are wrong). `--deep` runs the 16-layer model of specs/tiny
 instead, its checkpoint built from --model by bench/deep_checkpoint.py (the embedded
 model's layers, then layers that compute in full and pass their input on: the embedded
 model's outputs and acceptance at four times the depth).
+
+`--repeat N` runs N rounds, each every setting at every concurrency in turn, and reports
+the median round of each row (and, for adaptive, its ratio to the best fixed K round by
+round): on a shared machine, settings run minutes apart otherwise see different loads.
 
 `--kv-cache-dtypes auto,fp8` adds rows with the cache entries in V4's served formats
 (server/cli/spec_check.served: the spec's own, or its -fp8 variant), labelled "fp8".
@@ -163,19 +168,44 @@ def _same(r: dict, first: dict | None) -> str:
     return f"{same}/{len(r['outputs'])}"
 
 
-def _speculation_summary(rates: dict[tuple[str, int], dict[str, float]]) -> None:
-    """Adaptive against the best fixed K, per backend and concurrency."""
+def rounds(engines: dict[str, Engine], levels: list[int], args) -> dict[tuple[str, int],
+                                                                         list[dict]]:
+    """`--repeat` rounds, each running every setting at every concurrency in turn, so
+    that a shared machine's slow minutes fall on all settings alike. An adaptive engine
+    keeps what it learned from one round to the next, as a server does."""
+    runs: dict[tuple[str, int], list[dict]] = {}
+    for _ in range(args.repeat):
+        for n in levels:
+            for mtp, engine in engines.items():
+                runs.setdefault((mtp, n), []).append(
+                    decode_row(engine, prompts(n, args.prompt_len, args.model),
+                               args.max_tokens))
+    return runs
+
+
+def median(runs: list[dict]) -> dict:
+    """The run of median throughput."""
+    return sorted(runs, key=lambda r: r["tok/s"])[len(runs) // 2]
+
+
+def _speculation_summary(rates: dict[tuple[str, int], dict[str, list[float]]]) -> None:
+    """Adaptive against the best fixed K, per backend and concurrency: on the median
+    figures, and round by round."""
     for (backend, n), by in rates.items():
-        fixed = {mtp: rate for mtp, rate in by.items() if not mtp.startswith("adaptive")}
-        adaptive = [(mtp, rate) for mtp, rate in by.items() if mtp.startswith("adaptive")]
+        fixed = {mtp: r for mtp, r in by.items() if not mtp.startswith("adaptive")}
+        adaptive = [(mtp, r) for mtp, r in by.items() if mtp.startswith("adaptive")]
         if not fixed or not adaptive:
             continue
-        best = max(fixed, key=fixed.get)
-        mtp, rate = adaptive[0]
-        beats = all(rate > r for r in fixed.values())
+        mid = {mtp: sorted(r)[len(r) // 2] for mtp, r in fixed.items()}
+        best = max(mid, key=mid.get)
+        mtp, runs = adaptive[0]
+        rate = sorted(runs)[len(runs) // 2]
+        beats = all(rate > r for r in mid.values())
+        each = [a / max(r[i] for r in fixed.values()) for i, a in enumerate(runs)]
         print(f"{backend}, concurrency {n}: {mtp} {rate:.1f} tok/s, best fixed {best} "
-              f"{fixed[best]:.1f}: {rate / fixed[best]:.3f}x"
-              f"{' (beats every fixed K)' if beats else ''}")
+              f"{mid[best]:.1f}: {rate / mid[best]:.3f}x"
+              f"{' (beats every fixed K)' if beats else ''}; round by round, against "
+              f"that round's best: {', '.join(f'{x:.3f}x' for x in each)}")
 
 
 def main() -> None:
@@ -194,6 +224,9 @@ def main() -> None:
                              "or both: uni,mp")
     parser.add_argument("--speculation", default="0,1",
                         help="MTP settings, comma-separated: K (0: off) or adaptive")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="rounds of every setting and concurrency, interleaved; the "
+                             "figures are the median round's")
     parser.add_argument("--deep", action="store_true",
                         help="the 16-layer model of specs/tiny-deep.yaml, built from --model")
     args = parser.parse_args()
@@ -231,20 +264,21 @@ def main() -> None:
     for executor, backend, cache in ((e, b, c) for e in args.executors.split(",")
                                      for b in backends for c in caches):
         name = backend + (" mp" if executor == "mp" else "") + (" fp8" if cache == "fp8" else "")
-        first: dict[int, dict] = {}
-        for k, policy in settings(args.spec, args.speculation):
-            engine = build(args, backend, k, executor, cache, policy)
-            mtp = label(k, policy)
-            for n in levels:
-                r = decode_row(engine, prompts(n, args.prompt_len, args.model),
-                               args.max_tokens)
-                print(_row(name, n, mtp, r, hf_tps.get(n), _same(r, first.get(n))),
-                      flush=True)
-                first.setdefault(n, r)
-                rates.setdefault((name, n), {})[mtp] = r["tok/s"]
-            if long and k == 0 and executor == "uni":
-                prefill_seconds(engine, long[:256])                       # first use
-                prefill[name] = prefill_seconds(engine, long)
+        engines = {label(k, policy): build(args, backend, k, executor, cache, policy)
+                   for k, policy in settings(args.spec, args.speculation)}
+        runs = rounds(engines, levels, args)
+        for n in levels:
+            first = None
+            for mtp in engines:
+                r = median(runs[mtp, n])
+                print(_row(name, n, mtp, r, hf_tps.get(n), _same(r, first)), flush=True)
+                first = first or r
+                rates.setdefault((name, n), {})[mtp] = [r["tok/s"] for r in runs[mtp, n]]
+        off = engines.get("off")
+        if long and off is not None and executor == "uni":
+            prefill_seconds(off, long[:256])                              # first use
+            prefill[name] = prefill_seconds(off, long)
+        for engine in engines.values():
             engine.close()
     print("columns step/sched/marshal/kernel/sample: milliseconds per engine step; host %: "
           "(sched + marshal + sample) / step; K chosen: decode steps per K; = K=0: outputs "

@@ -5,6 +5,7 @@ import enum
 from dataclasses import dataclass, field
 
 from runtime.core.sampling_params import SamplingParams
+from runtime.core.speculation import Acceptance
 
 
 class Status(enum.Enum):
@@ -43,6 +44,7 @@ class Request:
     block_keys: list[bytes] = field(default_factory=list)   # prefix-cache keys, computed once
     draft_tokens: int = 0                     # MTP statistics
     accepted_tokens: int = 0
+    acceptance: Acceptance = field(default_factory=Acceptance)   # per draft position
 
     @property
     def token_ids(self) -> list[int]:

@@ -208,7 +208,8 @@ class Scheduler:
         budget = [self.config.max_num_batched_tokens] * self.config.ranks
         rows = [self._schedule_decode(rank, out, budget) for rank in range(self.config.ranks)]
         count = sum(map(len, rows))
-        out.k = self.speculation.choose(count) if count else self.config.k
+        out.k = (self.speculation.choose([r.acceptance for rank in rows for r in rank])
+                 if count else self.config.k)
         out.decode = self._launches(rows, self.config.batch(out.k))
         used = [0] * self.config.ranks
         for rank in range(self.config.ranks):

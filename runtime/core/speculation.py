@@ -4,26 +4,36 @@
     adaptive  per step, the K in 0..max that maximizes the expected tokens per second of
               the step's rows:
 
-                  rate(K) = E(K) / cost(K, rows)
-                  E(K)    = 1 + a1 + a1 a2 + ... + a1 a2 ... aK     tokens a row commits
+                  rate(K)  = (E_1(K) + ... + E_n(K)) / cost(K, n)
+                  E_i(K)   = 1 + a_i1 + a_i1 a_i2 + ... + a_i1 ... a_iK
 
-              with aj the running acceptance of draft j among rows whose drafts 1..j-1
-              were kept, and cost(K, rows) the measured seconds of a decode step of that K
-              (per power-of-two bucket of the step's rows: the lower median of its last
-              five measurements, so that a step slowed by something else - a first use,
-              another process - does not decide the next hundred).
+              E_i(K) is the tokens row i commits in a step of K drafts. a_ij is how often
+              request i keeps draft j when it reaches it (drafts 1..j-1 kept): its own
+              count (Request.acceptance), drawn toward the running rate of all requests
+              by ROW_PRIOR rows, so that a request with no drafts yet takes the common
+              rate. Requests differ (a file of repeated code drafts well, prose less),
+              and a batch is not the average request: the requests that keep the fewest
+              drafts are the ones still running at the end.
+
+              cost(K, n) is the measured seconds of a decode step of that K, per
+              power-of-two bucket of rows: the lower median of its last five
+              measurements, so that a step slowed by something else (a first use,
+              another process) does not decide the next hundred.
 
 Every K is compiled ahead (the spec's decode layouts). A K=0 step is a plain one that
 leaves the MTP slots where they were; the next fused step catches each slot up from the
 host's tail and position (ModelRunner._catch_up), so a switch never recomputes. The
-engine reports each step (`observe`): its K, rows and acceptance, and its seconds when
-the step was decode only (a prefill's time says nothing of a layout's cost).
+engine reports each decode step (`observe`): its K, rows, each drafting row's drafts kept,
+and its seconds when the step was decode only (a prefill's time says nothing of a
+layout's cost).
 
-The adaptive choice explores: a (K, bucket) measured fewer than `warm` times (once) is
-tried first, and every `probe_every` steps of a bucket the K measured longest ago there is
-tried for two steps, so that a cost that changed (a context bucket, a busier machine) or
-an acceptance that changed (other prompts) is seen again. At most two steps in
-`probe_every` run a K not picked for its rate.
+Exploration. Each K is measured once in a bucket before any is chosen there for its rate.
+Then a K not chosen is tried again, for two steps, once `probe_every` steps of the bucket
+have passed since it was last run, so that a cost or an acceptance that changed is seen.
+Each probe doubles that wait (up to MAX_WAIT times), and choosing the K for its rate
+resets it; a K measured more than once whose rate is more than SLACK below the best waits
+FAR times longer. So the probes of a long run cost little: in a 256-step run where K=0 is
+best, K=1 13% behind and K=2 and 3 more than 20%, K=1 is probed twice and K=2 and 3 once.
 
 A caught-up slot keeps the streams of its last fused step, so the first fused step after
 a K=0 one drafts from older streams: its acceptance is not counted (a probe's second step
@@ -32,9 +42,45 @@ is).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 POLICIES = ("fixed", "adaptive")
+
+
+@dataclass
+class Acceptance:
+    """Per draft position j: the rows that reached it (the drafts before it kept) and
+    kept its draft, decayed so that recent rows weigh most. The policy keeps one for all
+    requests; each request keeps its own (Request.acceptance)."""
+
+    reached: list[float] = field(default_factory=list)
+    kept: list[float] = field(default_factory=list)
+
+    def rate(self, j: int, prior: float, weight: float = 0.0) -> float:
+        """How often position j's draft is kept when reached, drawn toward `prior` by
+        `weight` rows; a position never reached takes `prior`."""
+        n = self.reached[j] if j < len(self.reached) else 0.0
+        if n < 1 and not weight:
+            return prior
+        kept = self.kept[j] if n else 0.0
+        return (kept + weight * prior) / (n + weight)
+
+    def add(self, reached: Sequence[int], kept: Sequence[int], decay: float) -> None:
+        grow = len(reached) - len(self.reached)
+        if grow > 0:
+            self.reached += [0.0] * grow
+            self.kept += [0.0] * grow
+        for j, (n, k) in enumerate(zip(reached, kept)):
+            if n:
+                self.reached[j] = self.reached[j] * decay ** n + n
+                self.kept[j] = self.kept[j] * decay ** n + k
+
+    def add_row(self, k: int, accepted: int, decay: float) -> None:
+        """One row's step of `k` drafts, `accepted` of them kept."""
+        reach = min(accepted + 1, k)
+        self.add([1] * reach + [0] * (k - reach), [1] * accepted + [0] * (k - accepted),
+                 decay)
 
 
 class Speculation:
@@ -45,22 +91,24 @@ class Speculation:
     def __init__(self, k: int):
         self.k, self.ks = k, (k,)
 
-    def choose(self, rows: int) -> int:
-        """The K of a decode step of `rows` rows (all ranks)."""
+    def choose(self, rows: Sequence[Acceptance]) -> int:
+        """The K of a decode step of `rows` (each row's request acceptance, all ranks)."""
         return self.k
 
     def observe(self, k: int, rows: int, seconds: float | None,
-                reached: list[int], accepted: list[int]) -> None:
-        """A decode step ran: K, its rows, its seconds (None: it also prefilled), and per
-        draft position j the rows that reached it (drafts before it kept) and kept it."""
+                drafts: Sequence[tuple[Acceptance, int]]) -> None:
+        """A decode step ran: K, its rows, its seconds (None: it also prefilled), and for
+        each row that drafted K tokens, its request's acceptance and the drafts kept."""
 
 
 @dataclass
 class _Cost:
-    """The last measurements of one (K, bucket), and the step it was last measured."""
+    """The last measurements of one (K, bucket), when it last ran and how long it waits
+    to be probed."""
 
+    wait: int
     samples: deque[float] = field(default_factory=lambda: deque(maxlen=5))
-    measured_at: int = 0
+    ran_at: int = 0
 
     @property
     def seconds(self) -> float:
@@ -68,90 +116,109 @@ class _Cost:
         return sorted(self.samples)[(len(self.samples) - 1) // 2]
 
 
-@dataclass
-class _Acceptance:
-    """Running counts per draft position, decayed so that the last few hundred rows
-    weigh most."""
-
-    reached: list[float] = field(default_factory=list)
-    accepted: list[float] = field(default_factory=list)
-
-    def rate(self, j: int, prior: float) -> float:
-        """a_{j+1}: how often position j's draft is kept when reached; a position never
-        reached takes `prior` (the previous position's rate)."""
-        if j >= len(self.reached) or self.reached[j] < 1:
-            return prior
-        return self.accepted[j] / self.reached[j]
-
-    def add(self, reached: list[int], accepted: list[int], decay: float) -> None:
-        grow = len(reached) - len(self.reached)
-        if grow > 0:
-            self.reached += [0.0] * grow
-            self.accepted += [0.0] * grow
-        for j, (n, kept) in enumerate(zip(reached, accepted)):
-            if n:
-                self.reached[j] = self.reached[j] * decay ** n + n
-                self.accepted[j] = self.accepted[j] * decay ** n + kept
-
-
 class AdaptiveSpeculation(Speculation):
     """K chosen per step among 0..`max_k` (see the module docstring)."""
 
     name = "adaptive"
     DECAY = 0.999             # per row reaching a position: ~1000 rows of memory
+    ROW_DECAY = 0.97          # a request's own: its last ~30 drafts per position
+    ROW_PRIOR = 4.0           # rows of the common rate in a request's own
     FIRST_RATE = 0.5          # the acceptance assumed before any draft was verified
+    SLACK = 0.2               # a K this far below the best rate ...
+    FAR = 4                   # ... waits this many times longer for its probe
+    MAX_WAIT = 16             # a probe's wait doubles up to this many probe_every
 
     def __init__(self, max_k: int, probe_every: int = 48, warm: int = 1):
         super().__init__(max_k)
         self.ks = tuple(range(max_k + 1))
         self.probe_every, self.warm = probe_every, warm
         self.costs: dict[tuple[int, int], _Cost] = {}
-        self.acceptance = _Acceptance()
+        self.acceptance = Acceptance()
         self._steps: dict[int, int] = {}           # decode steps per bucket
         self.chosen: dict[int, int] = {}           # steps per K (the metrics' histogram)
         self._again: int | None = None             # a probe's K, for its second step
         self._observed: int | None = None          # the K of the step observed last
 
-    def choose(self, rows: int) -> int:
-        bucket = _bucket(rows)
+    def choose(self, rows: Sequence[Acceptance]) -> int:
+        bucket = _bucket(len(rows))
         step = self._steps[bucket] = self._steps.get(bucket, 0) + 1
         unmeasured = [k for k in self.ks if len(self._cost(k, bucket).samples) < self.warm]
         if self._again is not None:
             k, self._again = self._again, None
         elif unmeasured:
             k = unmeasured[0]
-        elif step % self.probe_every == 0:
-            k = self._again = min(self.ks, key=lambda k: self.costs[k, bucket].measured_at)
         else:
-            k = max(self.ks, key=lambda k: self.expected_tokens(k)
-                    / self.costs[k, bucket].seconds)
+            k = self._pick(self.rates(rows), bucket, step)
+        self.costs[k, bucket].ran_at = step
         self.chosen[k] = self.chosen.get(k, 0) + 1
         return k
 
+    def _pick(self, rates: dict[int, float], bucket: int, step: int) -> int:
+        """The best K, or a K whose probe is due (the one with the best rate)."""
+        best = max(self.ks, key=rates.__getitem__)
+        due = [k for k in self.ks if k != best
+               and step - self.costs[k, bucket].ran_at >= self._wait(k, bucket, rates, best)]
+        if not due:
+            self.costs[best, bucket].wait = self.probe_every
+            return best
+        k = self._again = max(due, key=rates.__getitem__)
+        cost = self.costs[k, bucket]
+        cost.wait = min(2 * cost.wait, self.MAX_WAIT * self.probe_every)
+        return k
+
+    def _wait(self, k: int, bucket: int, rates: dict[int, float], best: int) -> int:
+        """Steps of the bucket a K not chosen waits, since it last ran, for its probe:
+        FAR times longer when it is more than SLACK behind the best after more than one
+        measurement (one may have been slowed by something else)."""
+        cost = self.costs[k, bucket]
+        far = len(cost.samples) > 1 and rates[k] < (1 - self.SLACK) * rates[best]
+        return cost.wait * (self.FAR if far else 1)
+
+    def rates(self, rows: Sequence[Acceptance]) -> dict[int, float]:
+        """Expected tokens per second of a step of `rows` at each K (all measured)."""
+        bucket, tokens = _bucket(len(rows)), [0.0] * len(self.ks)
+        common = self._expected(None)
+        for row in rows:
+            for k, e in enumerate(self._expected(row) if row.reached else common):
+                tokens[k] += e
+        return {k: tokens[k] / self.costs[k, bucket].seconds for k in self.ks}
+
     def expected_tokens(self, k: int) -> float:
-        """E(K): the tokens a row commits in a step of K drafts, at the running rates."""
-        total, reach, rate = 1.0, 1.0, self.FIRST_RATE
-        for j in range(k):
-            rate = self.acceptance.rate(j, rate)
-            reach *= rate
-            total += reach
-        return total
+        """E(K): the tokens a request without drafts of its own commits in a step of K
+        drafts, at the common running rates."""
+        return self._expected(None)[k]
+
+    def _expected(self, row: Acceptance | None) -> list[float]:
+        """E(0), ..., E(max): a row's tokens per step of each K (None: the common row)."""
+        out, reach, common = [1.0], 1.0, self.FIRST_RATE
+        for j in range(self.k):
+            common = self.acceptance.rate(j, common)
+            reach *= common if row is None else row.rate(j, common, self.ROW_PRIOR)
+            out.append(out[-1] + reach)
+        return out
 
     def observe(self, k: int, rows: int, seconds: float | None,
-                reached: list[int], accepted: list[int]) -> None:
+                drafts: Sequence[tuple[Acceptance, int]]) -> None:
         if self._observed != 0 or not k:    # not the first fused step after a K=0 one
-            self.acceptance.add(reached, accepted, self.DECAY)
+            self._count(k, drafts)
         self._observed = k
         if seconds is None or rows <= 0:
             return
-        bucket = _bucket(rows)
-        cost = self._cost(k, bucket)
-        cost.samples.append(seconds)
-        cost.measured_at = self._steps.get(bucket, 0)
+        self._cost(k, _bucket(rows)).samples.append(seconds)
+
+    def _count(self, k: int, drafts: Sequence[tuple[Acceptance, int]]) -> None:
+        reached, kept = [0] * k, [0] * k
+        for row, accepted in drafts:
+            row.add_row(k, accepted, self.ROW_DECAY)
+            for j in range(min(accepted + 1, k)):
+                reached[j] += 1
+            for j in range(accepted):
+                kept[j] += 1
+        self.acceptance.add(reached, kept, self.DECAY)
 
     def _cost(self, k: int, bucket: int) -> _Cost:
         if (k, bucket) not in self.costs:
-            self.costs[k, bucket] = _Cost()
+            self.costs[k, bucket] = _Cost(self.probe_every)
         return self.costs[k, bucket]
 
 

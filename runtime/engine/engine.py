@@ -341,24 +341,18 @@ class Engine:
     def _observe(self, out: SchedulerOutput, results: dict[Request, StepResult],
                  seconds: float | None) -> None:
         """Tell the speculation policy what a decode step cost (`seconds`: None when it
-        also prefilled) and which draft positions its rows reached and kept."""
+        also prefilled) and how many drafts each of its rows kept."""
         k = self.k if out.k is None else out.k
-        reached, kept = [0] * k, [0] * k
-        rows = 0
-        for request in (r for launch in out.decode for r in launch):
-            rows += 1
-            result = results.get(request)
-            if k and result is not None and result.drafted == k:
-                for j in range(min(result.accepted + 1, k)):
-                    reached[j] += 1
-                for j in range(result.accepted):
-                    kept[j] += 1
+        rows = [r for launch in out.decode for r in launch]
+        drafts = [(r.acceptance, results[r].accepted) for r in rows
+                  if k and r in results and results[r].drafted == k]
         self.stats.decode_steps_by_k[k] += 1
-        if len(self.stats.accepted_per_position) < k:
-            self.stats.accepted_per_position += [0] * (k - len(self.stats.accepted_per_position))
-        for j, n in enumerate(kept):
-            self.stats.accepted_per_position[j] += n
-        self.scheduler.speculation.observe(k, rows, seconds, reached, kept)
+        per_position = self.stats.accepted_per_position
+        per_position.extend([0] * (k - len(per_position)))
+        for _, accepted in drafts:
+            for j in range(accepted):
+                per_position[j] += 1
+        self.scheduler.speculation.observe(k, len(rows), seconds, drafts)
 
     def _count_drafts(self, request: Request, result: StepResult) -> None:
         request.draft_tokens += result.drafted

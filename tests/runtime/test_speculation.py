@@ -7,39 +7,47 @@ import random
 
 import pytest
 
-from runtime.core.speculation import AdaptiveSpeculation, Speculation, make
+from runtime.core.speculation import Acceptance, AdaptiveSpeculation, Speculation, make
 
 
 def test_the_fixed_policy_is_its_k_every_step():
     policy = make("fixed", 2)
     assert type(policy) is Speculation and policy.ks == (2,)
-    assert {policy.choose(rows) for rows in (1, 5, 64)} == {2}
+    assert {policy.choose([Acceptance()] * rows) for rows in (1, 5, 64)} == {2}
     assert type(make("adaptive", 0)) is Speculation      # nothing to choose among
 
 
 class Simulated:
-    """A decode with per-position acceptance `rates` and step seconds cost(k, rows)."""
+    """A decode with per-position acceptance `rates` and step seconds cost(k, rows);
+    `rates` is one list for every request, or a function of the request's index."""
 
     def __init__(self, rates, cost, noise=0.0, seed=0):
-        self.rates, self.cost, self.noise = rates, cost, noise
+        self.rates = rates if callable(rates) else lambda i: rates
+        self.cost, self.noise = cost, noise
         self.rng = random.Random(seed)
+        self.requests: list[Acceptance] = []
 
-    def step(self, policy, rows: int, k: int | None = None) -> tuple[int, float]:
-        """One decode step of `rows` rows at the policy's K (or `k`): tokens, seconds."""
-        k = policy.choose(rows) if k is None else k
-        reached, kept, tokens = [0] * k, [0] * k, 0
-        for _ in range(rows):
+    def step(self, policy, rows: int | list[int], k: int | None = None) -> tuple[int, float]:
+        """One decode step of `rows` requests (a count: the first ones; or their
+        indices) at the policy's K (or `k`): tokens, seconds."""
+        rows = list(range(rows)) if isinstance(rows, int) else rows
+        self.requests += [Acceptance() for _ in range(max(rows) + 1 - len(self.requests))]
+        k = policy.choose([self.requests[i] for i in rows]) if k is None else k
+        drafts, tokens = [], 0
+        for i in rows:
             a = 0
-            while a < k and self.rng.random() < self.rates[a]:
+            while a < k and self.rng.random() < self.rates(i)[a]:
                 a += 1
-            for j in range(min(a + 1, k)):
-                reached[j] += 1
-            for j in range(a):
-                kept[j] += 1
+            drafts.append((self.requests[i], a))
             tokens += a + 1
-        seconds = self.cost(k, rows) * (1 + self.noise * self.rng.uniform(-1, 1))
-        policy.observe(k, rows, seconds, reached, kept)
+        seconds = self.cost(k, len(rows)) * (1 + self.noise * self.rng.uniform(-1, 1))
+        policy.observe(k, len(rows), seconds, drafts if k else [])
         return tokens, seconds
+
+
+def _new(rows: int) -> list[Acceptance]:
+    """`rows` requests without drafts of their own."""
+    return [Acceptance() for _ in range(rows)]
 
 
 def _rate(sim: Simulated, policy, rows: int, steps: int, k: int | None = None) -> float:
@@ -74,7 +82,7 @@ def test_a_slow_first_measurement_does_not_decide():
     sim = Simulated([0.9] * 3, cost)
     for _ in range(4 * policy.probe_every):
         sim.step(policy, 1)
-    assert [policy.choose(1) for _ in range(8)].count(3) >= 6      # probes aside
+    assert [policy.choose(_new(1)) for _ in range(8)].count(3) >= 6      # probes aside
 
 
 @pytest.mark.parametrize("rate, best", [(0.9, 3), (0.5, 1), (0.05, 0)])
@@ -85,7 +93,7 @@ def test_the_choice_follows_acceptance_against_cost(rate, best):
     sim = Simulated([rate] * 3, lambda k, rows: 1 + 0.4 * k)
     for _ in range(300):
         sim.step(policy, 2)
-    last = [policy.choose(2) for _ in range(31)]     # a probe may land in these
+    last = [policy.choose(_new(2)) for _ in range(31)]     # a probe may land in these
     assert max(set(last), key=last.count) == best
 
 
@@ -98,30 +106,80 @@ def test_row_buckets_learn_their_own_costs():
     for _ in range(200):
         sim.step(policy, 1)
         sim.step(policy, 64)
-    assert policy.choose(1) == 3 and policy.choose(64) == 0
+    assert policy.choose(_new(1)) == 3 and policy.choose(_new(64)) == 0
 
 
-def test_a_probe_revisits_the_k_measured_longest_ago():
-    """Drafts never kept: K=0 wins, and each other K is tried again once in a while."""
-    policy = AdaptiveSpeculation(2, probe_every=8)
+def test_probes_back_off_and_wait_longer_for_a_k_far_behind():
+    """Drafts never kept and a step of K costs 1 + K: K=0 wins, K=1 and K=2 are half and
+    a third of its rate. After its one measurement each waits probe_every steps for a
+    probe of two steps; then, measured three times and more than SLACK behind, FAR times
+    its wait, which doubles at each probe."""
+    every, far = 8, AdaptiveSpeculation.FAR
+    policy = AdaptiveSpeculation(2, probe_every=every)
     sim = Simulated([0.0] * 2, lambda k, rows: 1 + k)
-    for _ in range(64):
+    ran = {0: [], 1: [], 2: []}
+    for step in range(1, 260):
         sim.step(policy, 1)
-    # warm-up, then a probe of two steps every 8 (the last one's second step is the 65th)
-    assert policy.chosen[1] + policy.chosen[2] == 2 + 2 * 64 // 8 - 1
-    assert policy.chosen[1] >= 7 and policy.chosen[2] >= 7          # in turn
-    assert policy.chosen[0] == 64 - 17
+        ran[policy._observed].append(step)
+    # K=1: measured at step 2; probed at 10 (8 steps later); then it waits 16 x FAR,
+    # then 32 x FAR. K=2: measured at 3; due at 11, probed once K=1's probe ends.
+    assert ran[1] == [2, 10, 11, 11 + 16 * far, 12 + 16 * far, 76 + 32 * far, 77 + 32 * far]
+    assert ran[2] == [3, 12, 13, 13 + 16 * far, 14 + 16 * far, 78 + 32 * far, 79 + 32 * far]
+    assert len(ran[0]) == 259 - len(ran[1]) - len(ran[2])
+
+
+def test_a_k_close_to_the_best_is_probed_sooner_than_one_far_behind():
+    """Every draft kept: K=1 (2 tokens for 2.25x the cost) is 11% behind K=0, within
+    SLACK; K=2 (the second draft never kept) is half K=0's rate. Over 600 steps K=1 is
+    probed after waits of probe_every, 2x and 4x; K=2 after probe_every and 2x FAR."""
+    policy = AdaptiveSpeculation(2)
+    sim = Simulated([1.0, 0.0], lambda k, rows: [1.0, 2.25, 4.0][k])
+    for _ in range(600):
+        sim.step(policy, 1)
+    assert policy.chosen == {0: 600 - 7 - 5, 1: 1 + 2 * 3, 2: 1 + 2 * 2}, policy.chosen
+
+
+def test_each_row_is_expected_to_commit_at_its_own_requests_acceptance():
+    """Half the requests keep every draft, half none. While all run, K=3 pays (mean E(3)
+    2.5 tokens for 1.5x the cost); once only those that keep none are left, K=0 does."""
+    policy = AdaptiveSpeculation(3)
+    sim = Simulated(lambda i: [0.98] * 3 if i % 2 else [0.02] * 3,
+                    lambda k, rows: 1 + k / 6)
+    for _ in range(100):
+        sim.step(policy, 8)
+    assert policy.choose([sim.requests[i] for i in range(8)]) == 3
+    policy._again = None
+    slow = [0, 2, 4, 6]
+    for _ in range(12):
+        sim.step(policy, slow)
+    lasts = [policy.choose([sim.requests[i] for i in slow]) for _ in range(6)]
+    assert lasts.count(0) >= 5, lasts
+    # the common rate alone would still have chosen K=3 for these four
+    assert max(policy.ks, key=lambda k: policy.expected_tokens(k)
+               / policy.costs[k, 3].seconds) == 3
 
 
 def test_acceptance_is_per_position_and_an_unseen_position_takes_the_previous_rate():
     policy = AdaptiveSpeculation(3)
-    policy.observe(1, 10, None, [10], [8])
+    policy.observe(1, 10, None, [(Acceptance(), 1)] * 8 + [(Acceptance(), 0)] * 2)
     assert policy.expected_tokens(1) == pytest.approx(1.8)
     assert policy.expected_tokens(3) == pytest.approx(1 + 0.8 + 0.64 + 0.512)
-    policy.observe(2, 10, None, [10, 5], [5, 1])
+    # 10 rows reach position 1 and 5 keep it; of those 5, one keeps position 2
+    rows = [(Acceptance(), 2)] + [(Acceptance(), 1)] * 4 + [(Acceptance(), 0)] * 5
+    policy.observe(2, 10, None, rows)
     decay = AdaptiveSpeculation.DECAY
     a1 = (8 * decay ** 10 + 5) / (10 * decay ** 10 + 10)
     assert policy.expected_tokens(2) == pytest.approx(1 + a1 + a1 * 0.2)
+
+
+def test_a_requests_own_rate_is_drawn_toward_the_common_one():
+    row = Acceptance()
+    assert row.rate(0, 0.6, 4.0) == 0.6                       # no drafts yet
+    row.add_row(2, 0, decay=1.0)                              # reached 1, kept none
+    row.add_row(2, 2, decay=1.0)                              # reached both, kept both
+    assert row.rate(0, 0.6, 4.0) == pytest.approx((1 + 4 * 0.6) / (2 + 4))
+    assert row.rate(1, 0.5, 4.0) == pytest.approx((1 + 4 * 0.5) / (1 + 4))
+    assert row.rate(1, 0.5) == 1.0
 
 
 def test_acceptance_that_changes_is_followed():
@@ -131,10 +189,10 @@ def test_acceptance_that_changes_is_followed():
     easy, hard = Simulated([0.95] * 3, cost), Simulated([0.05] * 3, cost)
     for _ in range(200):
         easy.step(policy, 4)
-    assert policy.choose(4) == 3
+    assert policy.choose(_new(4)) == 3
     for _ in range(400):
         hard.step(policy, 4)
-    assert policy.choose(4) == 0
+    assert policy.choose(hard.requests) == 0
 
 
 @pytest.mark.parametrize("rates, cost", [
