@@ -67,10 +67,8 @@ class Acceptance:
         return (kept + weight * prior) / (n + weight)
 
     def add(self, reached: Sequence[int], kept: Sequence[int], decay: float) -> None:
-        grow = len(reached) - len(self.reached)
-        if grow > 0:
-            self.reached += [0.0] * grow
-            self.kept += [0.0] * grow
+        """Rows that reached and kept each position (`decay` per row reaching it)."""
+        self._grow(len(reached))
         for j, (n, k) in enumerate(zip(reached, kept)):
             if n:
                 self.reached[j] = self.reached[j] * decay ** n + n
@@ -78,9 +76,15 @@ class Acceptance:
 
     def add_row(self, k: int, accepted: int, decay: float) -> None:
         """One row's step of `k` drafts, `accepted` of them kept."""
-        reach = min(accepted + 1, k)
-        self.add([1] * reach + [0] * (k - reach), [1] * accepted + [0] * (k - accepted),
-                 decay)
+        self._grow(k)
+        for j in range(min(accepted + 1, k)):
+            self.reached[j] = self.reached[j] * decay + 1
+            self.kept[j] = self.kept[j] * decay + (j < accepted)
+
+    def _grow(self, positions: int) -> None:
+        if positions > len(self.reached):
+            self.reached += [0.0] * (positions - len(self.reached))
+            self.kept += [0.0] * (positions - len(self.kept))
 
 
 class Speculation:
