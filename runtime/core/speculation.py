@@ -31,9 +31,10 @@ Exploration. Each K is measured once in a bucket before any is chosen there for 
 Then a K not chosen is tried again, for two steps, once `probe_every` steps of the bucket
 have passed since it was last run, so that a cost or an acceptance that changed is seen.
 Each probe doubles that wait (up to MAX_WAIT times), and choosing the K for its rate
-resets it; a K measured more than once whose rate is more than SLACK below the best waits
-FAR times longer. So the probes of a long run cost little: in a 256-step run where K=0 is
-best, K=1 13% behind and K=2 and 3 more than 20%, K=1 is probed twice and K=2 and 3 once.
+resets it; a K whose rate is more than SLACK below the best (twice SLACK while it has
+one measurement) waits FAR times longer. So the probes of a long run cost little: in a
+256-step run where K=0 is best, K=1 13% behind and K=2 and 3 more than 20%, K=1 is
+probed twice and K=2 and 3 once.
 
 A caught-up slot keeps the streams of its last fused step, so the first fused step after
 a K=0 one drafts from older streams: its acceptance is not counted (a probe's second step
@@ -172,10 +173,11 @@ class AdaptiveSpeculation(Speculation):
 
     def _wait(self, k: int, bucket: int, rates: dict[int, float], best: int) -> int:
         """Steps of the bucket a K not chosen waits, since it last ran, for its probe:
-        FAR times longer when it is more than SLACK behind the best after more than one
-        measurement (one may have been slowed by something else)."""
+        FAR times longer when it is more than SLACK behind the best (twice SLACK after one
+        measurement: it may have been slowed by something else)."""
         cost = self.costs[k, bucket]
-        far = len(cost.samples) > 1 and rates[k] < (1 - self.SLACK) * rates[best]
+        behind = 1 - rates[k] / rates[best]
+        far = behind > self.SLACK * (1 if len(cost.samples) > 1 else 2)
         return cost.wait * (self.FAR if far else 1)
 
     def rates(self, rows: Sequence[Acceptance]) -> dict[int, float]:

@@ -68,9 +68,9 @@ def test_each_k_is_measured_before_any_is_chosen_for_its_rate():
 
 
 def test_a_slow_first_measurement_does_not_decide():
-    """K=3's first step is ten times slower (a first use): a probe measures it again,
-    the lower median of its measurements drops the slow one, and K=3, the best by far,
-    is chosen from then on."""
+    """K=3's first step is ten times slower (a first use): a probe measures it again
+    (after FAR times the wait: it seems far behind), the lower median of its
+    measurements drops the slow one, and K=3, the best by far, is chosen from then on."""
     policy = AdaptiveSpeculation(3)
     seen: set[int] = set()
 
@@ -80,7 +80,7 @@ def test_a_slow_first_measurement_does_not_decide():
         return (10.0 if first and k == 3 else 1.0) + 0.1 * k
 
     sim = Simulated([0.9] * 3, cost)
-    for _ in range(4 * policy.probe_every):
+    for _ in range((policy.FAR + 2) * policy.probe_every):
         sim.step(policy, 1)
     assert [policy.choose(_new(1)) for _ in range(8)].count(3) >= 6      # probes aside
 
@@ -111,9 +111,9 @@ def test_row_buckets_learn_their_own_costs():
 
 def test_probes_back_off_and_wait_longer_for_a_k_far_behind():
     """Drafts never kept and a step of K costs 1 + K: K=0 wins, K=1 and K=2 are half and
-    a third of its rate. After its one measurement each waits probe_every steps for a
-    probe of two steps; then, measured three times and more than SLACK behind, FAR times
-    its wait, which doubles at each probe."""
+    a third of its rate, more than twice SLACK behind. So each waits FAR x probe_every
+    steps for a probe of two steps, and FAR times its wait, which doubles at each probe,
+    for the next."""
     every, far = 8, AdaptiveSpeculation.FAR
     policy = AdaptiveSpeculation(2, probe_every=every)
     sim = Simulated([0.0] * 2, lambda k, rows: 1 + k)
@@ -121,10 +121,13 @@ def test_probes_back_off_and_wait_longer_for_a_k_far_behind():
     for step in range(1, 260):
         sim.step(policy, 1)
         ran[policy._observed].append(step)
-    # K=1: measured at step 2; probed at 10 (8 steps later); then it waits 16 x FAR,
-    # then 32 x FAR. K=2: measured at 3; due at 11, probed once K=1's probe ends.
-    assert ran[1] == [2, 10, 11, 11 + 16 * far, 12 + 16 * far, 76 + 32 * far, 77 + 32 * far]
-    assert ran[2] == [3, 12, 13, 13 + 16 * far, 14 + 16 * far, 78 + 32 * far, 79 + 32 * far]
+    # K=1: measured at step 2; probed 8 x FAR steps later; then it waits 16 x FAR, then
+    # 32 x FAR. K=2: measured at 3; due at 35, probed once K=1's probe ends.
+    p1, p2 = 2 + 8 * far, 3 + 8 * far + 1
+    assert ran[1] == [2, p1, p1 + 1, p1 + 1 + 16 * far, p1 + 2 + 16 * far,
+                      p1 + 2 + 48 * far, p1 + 3 + 48 * far]
+    assert ran[2] == [3, p2, p2 + 1, p2 + 1 + 16 * far, p2 + 2 + 16 * far,
+                      p2 + 2 + 48 * far, p2 + 3 + 48 * far]
     assert len(ran[0]) == 259 - len(ran[1]) - len(ran[2])
 
 
