@@ -208,8 +208,7 @@ class Scheduler:
         budget = [self.config.max_num_batched_tokens] * self.config.ranks
         rows = [self._schedule_decode(rank, out, budget) for rank in range(self.config.ranks)]
         count = sum(map(len, rows))
-        out.k = (self.speculation.choose([r.acceptance for rank in rows for r in rank])
-                 if count else self.config.k)
+        out.k = self._choose_k([r for rank in rows for r in rank]) if count else self.config.k
         out.decode = self._launches(rows, self.config.batch(out.k))
         used = [0] * self.config.ranks
         for rank in range(self.config.ranks):
@@ -221,6 +220,18 @@ class Scheduler:
         self._admit(out, budget, used)
         out.saves += self.cache.saves_passed(r for running in self.running for r in running)
         return out
+
+    def _choose_k(self, rows: list[Request]) -> int:
+        """The step's K from the speculation policy: for the step's throughput while
+        requests wait; while none waits, a finished row's place stays empty, so for the
+        soonest end of the row that would end last (each row's tokens left: its
+        max_tokens, or the context, whichever ends it first)."""
+        acceptance = [r.acceptance for r in rows]
+        if self.waiting:
+            return self.speculation.choose(acceptance)
+        left = [max(1, min(r.params.max_tokens - len(r.output_ids),
+                           self.config.max_model_len - r.num_tokens)) for r in rows]
+        return self.speculation.choose(acceptance, left)
 
     def _schedule_decode(self, rank: int, out: SchedulerOutput,
                          budget: list[int]) -> list[Request]:

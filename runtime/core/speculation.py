@@ -15,6 +15,12 @@
               and a batch is not the average request: the requests that keep the fewest
               drafts are the ones still running at the end.
 
+              While no request waits, a finished row's place stays empty and the
+              batch lasts as long as its slowest row: the scheduler gives each row's
+              tokens left (Scheduler._choose_k), and the K chosen is the one whose
+              step does the largest share of the remaining work of the row that would
+              end last, min over i of E_i(K) / left_i, per second.
+
               cost(K, n) is the measured seconds of a decode step of that K, per
               power-of-two bucket of rows: the lower median of its last five
               measurements, so that a step slowed by something else (a first use,
@@ -96,8 +102,11 @@ class Speculation:
     def __init__(self, k: int):
         self.k, self.ks = k, (k,)
 
-    def choose(self, rows: Sequence[Acceptance]) -> int:
-        """The K of a decode step of `rows` (each row's request acceptance, all ranks)."""
+    def choose(self, rows: Sequence[Acceptance],
+               left: Sequence[float] | None = None) -> int:
+        """The K of a decode step of `rows` (each row's request acceptance, all ranks);
+        given each row's tokens `left`, for the soonest end of the last row instead of
+        the most tokens per second."""
         return self.k
 
     def observe(self, k: int, rows: int, seconds: float | None,
@@ -144,7 +153,8 @@ class AdaptiveSpeculation(Speculation):
         self._again: int | None = None             # a probe's K, for its second step
         self._observed: int | None = None          # the K of the step observed last
 
-    def choose(self, rows: Sequence[Acceptance]) -> int:
+    def choose(self, rows: Sequence[Acceptance],
+               left: Sequence[float] | None = None) -> int:
         bucket = _bucket(len(rows))
         step = self._steps[bucket] = self._steps.get(bucket, 0) + 1
         unmeasured = [k for k in self.ks if len(self._cost(k, bucket).samples) < self.warm]
@@ -153,7 +163,7 @@ class AdaptiveSpeculation(Speculation):
         elif unmeasured:
             k = unmeasured[0]
         else:
-            k = self._pick(self.rates(rows), bucket, step)
+            k = self._pick(self.rates(rows, left), bucket, step)
         self.costs[k, bucket].ran_at = step
         self.chosen[k] = self.chosen.get(k, 0) + 1
         return k
@@ -180,13 +190,18 @@ class AdaptiveSpeculation(Speculation):
         far = behind > self.SLACK * (1 if len(cost.samples) > 1 else 2)
         return cost.wait * (self.FAR if far else 1)
 
-    def rates(self, rows: Sequence[Acceptance]) -> dict[int, float]:
-        """Expected tokens per second of a step of `rows` at each K (all measured)."""
-        bucket, tokens = _bucket(len(rows)), [0.0] * len(self.ks)
+    def rates(self, rows: Sequence[Acceptance],
+              left: Sequence[float] | None = None) -> dict[int, float]:
+        """Per K (all measured): the expected tokens per second of a step of `rows`; or,
+        given each row's tokens `left`, the share per second of the remaining work of
+        the row that would end last."""
+        bucket = _bucket(len(rows))
         common = self._expected(None)
-        for row in rows:
-            for k, e in enumerate(self._expected(row) if row.reached else common):
-                tokens[k] += e
+        expected = [self._expected(row) if row.reached else common for row in rows]
+        if left is None:
+            tokens = [sum(e[k] for e in expected) for k in self.ks]
+        else:
+            tokens = [min(e[k] / n for e, n in zip(expected, left)) for k in self.ks]
         return {k: tokens[k] / self.costs[k, bucket].seconds for k in self.ks}
 
     def expected_tokens(self, k: int) -> float:

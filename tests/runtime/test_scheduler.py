@@ -18,6 +18,7 @@ from runtime.core.mtp_slots import SlotTable
 from runtime.core.request import Request, Status
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.scheduler import Scheduler, SchedulerConfig
+from runtime.core.speculation import Speculation
 
 FORMULAS = {"kv": lambda n: -(-n // 4), "ring": lambda n: min(2, -(-n // 4))}
 TOKEN = 7          # what the fake model samples unless told otherwise
@@ -573,3 +574,32 @@ def test_need_through_the_reach_equals_the_formulas(spec_name):
         assert manager.need(request, n) == brute, n
         manager.allocate(request, brute)
     assert request.reach >= 5293
+
+
+class _Recording(Speculation):
+    """The fixed policy, recording what each decode step asked it."""
+
+    def __init__(self, k):
+        super().__init__(k)
+        self.asked: list[tuple[int, list[float] | None]] = []
+
+    def choose(self, rows, left=None):
+        self.asked.append((len(rows), None if left is None else list(left)))
+        return self.k
+
+
+def test_the_policy_is_given_tokens_left_only_while_no_request_waits():
+    """While requests wait, a step is chosen for its throughput; once none waits, for
+    the row that would end last: each row's max_tokens left, or the context left."""
+    s = make(ranks=1, max_num_seqs=2)
+    s.speculation = _Recording(0)
+    a, b = add(s, 8, 8, max_tokens=10)
+    c, = add(s, 50, max_tokens=40)                # the context (64) ends it first
+    step(s)                                       # prefills a and b; c waits
+    step(s)
+    assert s.speculation.asked[-1] == (2, None)
+    drain(s)
+    lefts = [left for _, left in s.speculation.asked if left is not None]
+    assert lefts[0] == [64 - 51]                  # c alone: 50 + 1 tokens of 64
+    assert lefts[-1] == [1]
+    assert all(left is None for _, left in s.speculation.asked[:2])

@@ -67,7 +67,7 @@ class Switching(AdaptiveSpeculation):
         super().__init__(max_k)
         self.rng = random.Random(seed)
 
-    def choose(self, rows: int) -> int:
+    def choose(self, rows, left=None) -> int:
         k = self.rng.randrange(len(self.ks))
         self.chosen[k] = self.chosen.get(k, 0) + 1
         return k

@@ -55,7 +55,7 @@ class _Cycling(Speculation):
         super().__init__(k)
         self.steps = itertools.count()
 
-    def choose(self, rows: int) -> int:
+    def choose(self, rows, left=None) -> int:
         return next(self.steps) % (self.k + 1)
 
 
