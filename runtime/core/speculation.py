@@ -33,9 +33,14 @@ engine reports each decode step (`observe`): its K, rows, each drafting row's dr
 and its seconds when the step was decode only (a prefill's time says nothing of a
 layout's cost).
 
-Exploration. Each K is measured once in a bucket before any is chosen there for its rate.
-Then a K not chosen is tried again, for two steps, once `probe_every` steps of the bucket
-have passed since it was last run, so that a cost or an acceptance that changed is seen.
+Exploration. Each K is measured once before any is chosen for its rate. A bucket of rows
+not seen before starts from its neighbour's costs: a K not yet run in it costs what it
+costs in the nearest bucket where it ran, times the ratio between the two buckets of the
+nearest K run in both. It runs the K that is best by these, and measures the others once
+it has lasted FRESH steps, so that the few steps of a bucket passed through as a batch
+drains are not spent measuring. Then a K not chosen is tried again, for two steps, once
+`probe_every` steps of the bucket have passed since it was last run, so that a cost or an
+acceptance that changed is seen.
 Each probe doubles that wait (up to MAX_WAIT times), and choosing the K for its rate
 resets it; a K whose rate is more than SLACK below the best (twice SLACK while it has
 one measurement) waits FAR times longer. So the probes of a long run cost little: in a
@@ -141,12 +146,14 @@ class AdaptiveSpeculation(Speculation):
     SLACK = 0.2               # a K this far below the best rate ...
     FAR = 4                   # ... waits this many times longer for its probe
     MAX_WAIT = 16             # a probe's wait doubles up to this many probe_every
+    FRESH = 8                 # steps of a new bucket before the K not run in it run
 
-    def __init__(self, max_k: int, probe_every: int = 48, warm: int = 1):
+    def __init__(self, max_k: int, probe_every: int = 48):
         super().__init__(max_k)
         self.ks = tuple(range(max_k + 1))
-        self.probe_every, self.warm = probe_every, warm
+        self.probe_every = probe_every
         self.costs: dict[tuple[int, int], _Cost] = {}
+        self._measured: set[int] = set()           # the K measured in some bucket
         self.acceptance = Acceptance()
         self._steps: dict[int, int] = {}           # decode steps per bucket
         self.chosen: dict[int, int] = {}           # steps per K (the metrics' histogram)
@@ -157,20 +164,24 @@ class AdaptiveSpeculation(Speculation):
                left: Sequence[float] | None = None) -> int:
         bucket = _bucket(len(rows))
         step = self._steps[bucket] = self._steps.get(bucket, 0) + 1
-        unmeasured = [k for k in self.ks if len(self._cost(k, bucket).samples) < self.warm]
+        unmeasured = [k for k in self.ks if k not in self._measured]
         if self._again is not None:
             k, self._again = self._again, None
         elif unmeasured:
             k = unmeasured[0]
         else:
             k = self._pick(self.rates(rows, left), bucket, step)
-        self.costs[k, bucket].ran_at = step
+        self._cost(k, bucket).ran_at = step
         self.chosen[k] = self.chosen.get(k, 0) + 1
         return k
 
     def _pick(self, rates: dict[int, float], bucket: int, step: int) -> int:
-        """The best K, or a K whose probe is due (the one with the best rate)."""
+        """The best K; or, once the bucket has lasted FRESH steps, a K not yet run in it;
+        or a K whose probe is due (the one with the best rate)."""
         best = max(self.ks, key=rates.__getitem__)
+        fresh = [k for k in self.ks if k != best and not self.costs[k, bucket].samples]
+        if fresh and step > self.FRESH:
+            return max(fresh, key=rates.__getitem__)
         due = [k for k in self.ks if k != best
                and step - self.costs[k, bucket].ran_at >= self._wait(k, bucket, rates, best)]
         if not due:
@@ -202,7 +213,23 @@ class AdaptiveSpeculation(Speculation):
             tokens = [sum(e[k] for e in expected) for k in self.ks]
         else:
             tokens = [min(e[k] / n for e, n in zip(expected, left)) for k in self.ks]
-        return {k: tokens[k] / self.costs[k, bucket].seconds for k in self.ks}
+        return {k: tokens[k] / self._seconds(k, bucket) for k in self.ks}
+
+    def _seconds(self, k: int, bucket: int) -> float:
+        """cost(K, bucket): measured, or borrowed from the nearest bucket where K ran,
+        scaled by the nearest K run in both (see Exploration in the module docstring)."""
+        own = self._cost(k, bucket)
+        if own.samples:
+            return own.seconds
+        near = min((b for (j, b), c in self.costs.items() if j == k and c.samples),
+                   key=lambda b: (abs(b - bucket), b))
+        both = [j for j in self.ks if self._cost(j, bucket).samples
+                and self._cost(j, near).samples]
+        if not both:
+            return self.costs[k, near].seconds
+        r = min(both, key=lambda j: abs(j - k))
+        return self.costs[k, near].seconds * self.costs[r, bucket].seconds \
+            / self.costs[r, near].seconds
 
     def expected_tokens(self, k: int) -> float:
         """E(K): the tokens a request without drafts of its own commits in a step of K
@@ -226,6 +253,7 @@ class AdaptiveSpeculation(Speculation):
         if seconds is None or rows <= 0:
             return
         self._cost(k, _bucket(rows)).samples.append(seconds)
+        self._measured.add(k)
 
     def _count(self, k: int, drafts: Sequence[tuple[Acceptance, int]]) -> None:
         reached, kept = [0] * k, [0] * k

@@ -67,6 +67,28 @@ def test_each_k_is_measured_before_any_is_chosen_for_its_rate():
     assert sorted(policy.costs) == [(0, 3), (1, 3), (2, 3), (3, 3)]     # rows 4: bucket 3
 
 
+def test_a_new_bucket_starts_from_its_neighbours_costs():
+    """Four rows measure every K; then eight rows, each step twice the cost. The new
+    bucket runs the best K by the four rows' costs (K=3: drafts nearly always kept) for
+    FRESH steps, then each other K once, best first, then the best again; a batch that
+    drains through it in fewer steps never measures the others."""
+    policy = AdaptiveSpeculation(3)
+    sim = Simulated([0.95] * 3, lambda k, rows: (1 + 0.2 * k) * min(rows / 4, 3))
+    for _ in range(4):
+        sim.step(policy, 4)
+    ks = []
+    for _ in range(policy.FRESH + 4):
+        sim.step(policy, 8)
+        ks.append(policy._observed)
+    assert ks == [3] * policy.FRESH + [2, 1, 0, 3], ks
+    assert policy._seconds(1, 4) == pytest.approx(2.4)              # measured now
+    # 16 rows cost three times four: K=3 runs, and the others' costs at 8 rows are
+    # scaled by K=3's ratio between the two buckets
+    sim.step(policy, 16)
+    assert policy._observed == 3
+    assert [policy._seconds(k, 5) for k in range(3)] == pytest.approx([3.0, 3.6, 4.2])
+
+
 def test_a_slow_first_measurement_does_not_decide():
     """K=3's first step is ten times slower (a first use): a probe measures it again
     (after FAR times the wait: it seems far behind), the lower median of its
