@@ -20,9 +20,11 @@ instead, its checkpoint built from --model by bench/deep_checkpoint.py (the embe
 model's layers, then layers that compute in full and pass their input on: the embedded
 model's outputs and acceptance at four times the depth).
 
-`--repeat N` runs N rounds, each every setting at every concurrency in turn, and reports
-the median round of each row (and, for adaptive, its ratio to the best fixed K round by
-round): on a shared machine, settings run minutes apart otherwise see different loads.
+`--repeat N` runs N rounds, each every setting at every concurrency in turn (in reverse
+order every other round), and reports the median round of each row: on a shared machine,
+settings run minutes apart otherwise see different loads. For adaptive, the summary adds
+its ratio to the best fixed K round by round, and the median of those ratios: paired, a
+round's slow minutes divide out.
 
 `--kv-cache-dtypes auto,fp8` adds rows with the cache entries in V4's served formats
 (server/cli/spec_check.served: the spec's own, or its -fp8 variant), labelled "fp8".
@@ -171,12 +173,13 @@ def _same(r: dict, first: dict | None) -> str:
 def rounds(engines: dict[str, Engine], levels: list[int], args) -> dict[tuple[str, int],
                                                                          list[dict]]:
     """`--repeat` rounds, each running every setting at every concurrency in turn, so
-    that a shared machine's slow minutes fall on all settings alike. An adaptive engine
-    keeps what it learned from one round to the next, as a server does."""
+    that a shared machine's slow minutes fall on all settings alike; every other round
+    in reverse, so that no setting always runs first or last. An adaptive engine keeps
+    what it learned from one round to the next, as a server does."""
     runs: dict[tuple[str, int], list[dict]] = {}
-    for _ in range(args.repeat):
+    for i in range(args.repeat):
         for n in levels:
-            for mtp, engine in engines.items():
+            for mtp, engine in list(engines.items())[::-1 if i % 2 else 1]:
                 runs.setdefault((mtp, n), []).append(
                     decode_row(engine, prompts(n, args.prompt_len, args.model),
                                args.max_tokens))
@@ -189,8 +192,9 @@ def median(runs: list[dict]) -> dict:
 
 
 def _speculation_summary(rates: dict[tuple[str, int], dict[str, list[float]]]) -> None:
-    """Adaptive against the best fixed K, per backend and concurrency: on the median
-    figures, and round by round."""
+    """Adaptive against the best fixed K (by its median), per backend and concurrency:
+    on the median figures; round by round, against each round's best; and paired, the
+    median over rounds of adaptive over the best K of the same round."""
     for (backend, n), by in rates.items():
         fixed = {mtp: r for mtp, r in by.items() if not mtp.startswith("adaptive")}
         adaptive = [(mtp, r) for mtp, r in by.items() if mtp.startswith("adaptive")]
@@ -202,10 +206,12 @@ def _speculation_summary(rates: dict[tuple[str, int], dict[str, list[float]]]) -
         rate = sorted(runs)[len(runs) // 2]
         beats = all(rate > r for r in mid.values())
         each = [a / max(r[i] for r in fixed.values()) for i, a in enumerate(runs)]
+        paired = sorted(a / b for a, b in zip(runs, fixed[best]))
         print(f"{backend}, concurrency {n}: {mtp} {rate:.1f} tok/s, best fixed {best} "
               f"{mid[best]:.1f}: {rate / mid[best]:.3f}x"
               f"{' (beats every fixed K)' if beats else ''}; round by round, against "
-              f"that round's best: {', '.join(f'{x:.3f}x' for x in each)}")
+              f"that round's best: {', '.join(f'{x:.3f}x' for x in each)}; paired, "
+              f"against {best}: median {paired[len(paired) // 2]:.3f}x")
 
 
 def main() -> None:
