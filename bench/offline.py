@@ -9,7 +9,7 @@ nothing.
                                       [--long-prompt 16000] [--device cpu]
                                       [--executors uni,mp] [--kv-cache-dtypes auto,fp8]
                                       [--speculation 0,1,2,3,adaptive] [--deep]
-                                      [--repeat 1]
+                                      [--repeat 1] [--interleave]
 
 `--speculation` lists the MTP settings to run: K drafts every step (0: MTP off), or
 `adaptive` (--speculative-policy adaptive up to the spec's largest K). With more than
@@ -24,7 +24,9 @@ model's outputs and acceptance at four times the depth).
 order every other round), and reports the median round of each row: on a shared machine,
 settings run minutes apart otherwise see different loads. For adaptive, the summary adds
 its ratio to the best fixed K round by round, and the median of those ratios: paired, a
-round's slow minutes divide out.
+round's slow minutes divide out. With `--interleave` the settings of a round run
+together, one engine step of each in turn, so that the slow seconds of a shared machine
+fall on all of them alike; each setting's figures count its own steps' seconds.
 
 `--kv-cache-dtypes auto,fp8` adds rows with the cache entries in V4's served formats
 (server/cli/spec_check.served: the spec's own, or its -fp8 variant), labelled "fp8".
@@ -107,22 +109,45 @@ def _sync(device: str | None) -> None:
 
 
 def decode_row(engine: Engine, batch: list[list[int]], max_tokens: int) -> dict:
+    return decode_rows({"": engine}, batch, max_tokens)[""]
+
+
+def decode_rows(engines: dict[str, Engine], batch: list[list[int]],
+                max_tokens: int) -> dict[str, dict]:
+    """Each engine's figures for `batch`, the engines stepping in turn (one step of each,
+    then again) so that a shared machine's slow seconds fall on every engine alike;
+    each engine's seconds are its own steps'."""
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    engine.generate(batch[:2], SamplingParams(temperature=0, max_tokens=4))    # first use
-    engine.executor.timing.__init__()
-    engine.stats.__init__()
-    engine.executor.dispatches.clear()
-    start = time.perf_counter()
-    outputs = engine.generate(batch, params)
-    _sync(engine.config.device)
-    seconds = time.perf_counter() - start
+    ids, seconds, final = {}, dict.fromkeys(engines, 0.0), {name: {} for name in engines}
+    for name, engine in engines.items():
+        engine.generate(batch[:2], SamplingParams(temperature=0, max_tokens=4))  # first use
+        engine.executor.timing.__init__()
+        engine.stats.__init__()
+        engine.executor.dispatches.clear()
+        ids[name] = [engine.add_request(p, params).request_id for p in batch]
+    running = list(engines)
+    while running:
+        for name in list(running):
+            engine = engines[name]
+            start = time.perf_counter()
+            outputs = engine.step()
+            _sync(engine.config.device)
+            seconds[name] += time.perf_counter() - start
+            final[name].update((o.request_id, o) for o in outputs if o.finished)
+            if not engine.has_unfinished():
+                running.remove(name)
+    return {name: _figures(engine, [final[name][i] for i in ids[name]], seconds[name])
+            for name, engine in engines.items()}
+
+
+def _figures(engine: Engine, outputs: list, seconds: float) -> dict:
     tokens = sum(len(o.output_ids) for o in outputs)
     chosen = engine.stats.decode_steps_by_k
     s, t = engine.stats, engine.executor.timing
     step = seconds / s.steps
     host = (s.schedule_seconds + t.marshal + t.sample) / s.steps
     return {
-        "tok/s": tokens / seconds, "disp/req": sum(engine.dispatches.values()) / len(batch),
+        "tok/s": tokens / seconds, "disp/req": sum(engine.dispatches.values()) / len(outputs),
         "steps": s.steps, "step": 1e3 * step, "sched": 1e3 * s.schedule_seconds / s.steps,
         "marshal": 1e3 * t.marshal / s.steps, "kernel": 1e3 * t.kernel / s.steps,
         "sample": 1e3 * t.sample / s.steps, "host": host / step,
@@ -179,10 +204,14 @@ def rounds(engines: dict[str, Engine], levels: list[int], args) -> dict[tuple[st
     runs: dict[tuple[str, int], list[dict]] = {}
     for i in range(args.repeat):
         for n in levels:
-            for mtp, engine in list(engines.items())[::-1 if i % 2 else 1]:
+            batch = prompts(n, args.prompt_len, args.model)
+            order = list(engines.items())[::-1 if i % 2 else 1]
+            if args.interleave:
+                together = decode_rows(dict(order), batch, args.max_tokens)
+            for mtp, engine in order:
                 runs.setdefault((mtp, n), []).append(
-                    decode_row(engine, prompts(n, args.prompt_len, args.model),
-                               args.max_tokens))
+                    together[mtp] if args.interleave
+                    else decode_row(engine, batch, args.max_tokens))
     return runs
 
 
@@ -233,6 +262,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1,
                         help="rounds of every setting and concurrency, interleaved; the "
                              "figures are the median round's")
+    parser.add_argument("--interleave", action="store_true",
+                        help="run a round's settings together, one engine step of each "
+                             "in turn, each timed by its own steps' seconds")
     parser.add_argument("--deep", action="store_true",
                         help="the 16-layer model of specs/tiny-deep.yaml, built from --model")
     args = parser.parse_args()
