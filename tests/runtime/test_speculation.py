@@ -271,3 +271,46 @@ def test_with_none_waiting_the_k_is_chosen_for_the_row_that_would_end_last():
     last = _closed_batch(AdaptiveSpeculation(3), rates, cost, 512, True)
     throughput = _closed_batch(AdaptiveSpeculation(3), rates, cost, 512, False)
     assert last >= 0.95 * max(fixed) > throughput, (last, throughput, fixed)
+
+
+def _growing(k: int, rows: int) -> float:
+    """The 16-layer model's measured step seconds at 1, 8 and 64 rows (K = 0..3),
+    linear in between: at 64 rows a step costs 3.6 times one of 8."""
+    one, eight, many = (20.7, 26.3, 30.5, 32.1), (41.5, 48.9, 54.7, 58.1), \
+        (153.6, 220.4, 235.8, 249.5)
+    if rows >= 8:
+        return eight[k] + (many[k] - eight[k]) * (rows - 8) / 56
+    return one[k] + (eight[k] - one[k]) * (rows - 1) / 7
+
+
+def _mixed_rows(n: int, seed: int = 0) -> list[list[float]]:
+    rng = random.Random(seed)
+    return [[min(0.99, max(0.0, a + rng.gauss(0, 0.15))) for a in (0.74, 0.75, 0.6)]
+            for _ in range(n)]
+
+
+def _against_the_best_fixed_k(last: bool, seeds: int = 6) -> float:
+    """Six batches of 64 requests whose acceptance differs, each step's cost growing with
+    its rows (`_growing`): adaptive's mean tokens per second over the best fixed K's."""
+    adaptive, fixed = [], [[] for _ in range(4)]
+    for seed in range(seeds):
+        rates = _mixed_rows(64, seed)
+        for k in range(4):
+            fixed[k].append(_closed_batch(Speculation(k), rates, _growing, 256, False, seed))
+        adaptive.append(_closed_batch(AdaptiveSpeculation(3), rates, _growing, 256, last,
+                                      seed))
+    return sum(adaptive) / max(sum(f) for f in fixed)
+
+
+def test_with_none_waiting_and_costs_that_grow_with_rows_throughput_is_within_5_percent():
+    """Ending the quick rows sooner makes the last rows' steps cheaper; choosing each
+    step for throughput follows it."""
+    assert _against_the_best_fixed_k(last=False) >= 0.95
+
+
+@pytest.mark.xfail(strict=True, reason="issue 32: the rule for the row that would end "
+                   "last takes a step's cost as fixed until the end")
+def test_with_none_waiting_and_costs_that_grow_with_rows_the_policy_is_within_5_percent():
+    """The same batches with each row's tokens left, as the scheduler gives them while
+    none waits: the policy chooses for the last row's end and falls short."""
+    assert _against_the_best_fixed_k(last=True) >= 0.95
