@@ -19,7 +19,10 @@
               batch lasts as long as its slowest row: the scheduler gives each row's
               tokens left (Scheduler._choose_k), and the K chosen is the one whose
               step does the largest share of the remaining work of the row that would
-              end last, min over i of E_i(K) / left_i, per second.
+              end last, min over i of E_i(K) / left_i, per second. The rule takes a
+              step's cost as fixed until the end; where it grows with the rows (many
+              rows), ending the quick rows sooner makes the last one's steps cheaper,
+              which it does not see (an xfail test in test_speculation.py).
 
               cost(K, n) is the measured seconds of a decode step of that K, per
               power-of-two bucket of rows: the lower median of its last five
