@@ -260,7 +260,7 @@ def main() -> None:
     parser.add_argument("--speculation", default="0,1",
                         help="MTP settings, comma-separated: K (0: off) or adaptive")
     parser.add_argument("--repeat", type=int, default=1,
-                        help="rounds of every setting and concurrency, interleaved; the "
+                        help="rounds of every setting and concurrency in turn; the "
                              "figures are the median round's")
     parser.add_argument("--interleave", action="store_true",
                         help="run a round's settings together, one engine step of each "
