@@ -17,12 +17,14 @@
 
               While no request waits, a finished row's place stays empty and the
               batch lasts as long as its slowest row: the scheduler gives each row's
-              tokens left (Scheduler._choose_k), and the K chosen is the one whose
-              step does the largest share of the remaining work of the row that would
-              end last, min over i of E_i(K) / left_i, per second. The rule takes a
-              step's cost as fixed until the end; where it grows with the rows (many
-              rows), ending the quick rows sooner makes the last one's steps cheaper,
-              which it does not see (an xfail test in test_speculation.py).
+              tokens left (Scheduler._choose_k), and the K chosen is the one that, held
+              to the end, ends the last row soonest. Row i ends after left_i / E_i(K)
+              steps; each stretch between two rows' ends is priced at the rows still
+              running, linear between the typical rows of the buckets measured (flat
+              beyond them). With a cost flat in the rows this follows the row that
+              would end last; with one that grows with the rows (many rows), ending
+              the quick rows sooner makes the last one's steps cheaper, and it sees
+              that once it has measured fewer rows (a batch drained before).
 
               cost(K, n) is the measured seconds of a decode step of that K, per
               power-of-two bucket of rows: the lower median of its last five
@@ -143,8 +145,8 @@ class AdaptiveSpeculation(Speculation):
 
     name = "adaptive"
     DECAY = 0.999             # per row reaching a position: ~1000 rows of memory
-    ROW_DECAY = 0.97          # a request's own: its last ~30 drafts per position
-    ROW_PRIOR = 4.0           # rows of the common rate in a request's own
+    ROW_DECAY = 0.99          # a request's own: its last ~100 drafts per position
+    ROW_PRIOR = 16.0          # rows of the common rate in a request's own
     FIRST_RATE = 0.5          # the acceptance assumed before any draft was verified
     SLACK = 0.2               # a K this far below the best rate ...
     FAR = 4                   # ... waits this many times longer for its probe
@@ -157,6 +159,7 @@ class AdaptiveSpeculation(Speculation):
         self.probe_every = probe_every
         self.costs: dict[tuple[int, int], _Cost] = {}
         self._measured: set[int] = set()           # the K measured in some bucket
+        self._rows: dict[int, deque[int]] = {}     # per bucket: its last steps' rows
         self.acceptance = Acceptance()
         self._steps: dict[int, int] = {}           # decode steps per bucket
         self.chosen: dict[int, int] = {}           # steps per K (the metrics' histogram)
@@ -182,16 +185,16 @@ class AdaptiveSpeculation(Speculation):
         """The best K; or, once the bucket has lasted FRESH steps, a K not yet run in it;
         or a K whose probe is due (the one with the best rate)."""
         best = max(self.ks, key=rates.__getitem__)
-        fresh = [k for k in self.ks if k != best and not self.costs[k, bucket].samples]
+        fresh = [k for k in self.ks if k != best and not self._cost(k, bucket).samples]
         if fresh and step > self.FRESH:
             return max(fresh, key=rates.__getitem__)
         due = [k for k in self.ks if k != best
-               and step - self.costs[k, bucket].ran_at >= self._wait(k, bucket, rates, best)]
+               and step - self._cost(k, bucket).ran_at >= self._wait(k, bucket, rates, best)]
         if not due:
-            self.costs[best, bucket].wait = self.probe_every
+            self._cost(best, bucket).wait = self.probe_every
             return best
         k = self._again = max(due, key=rates.__getitem__)
-        cost = self.costs[k, bucket]
+        cost = self._cost(k, bucket)
         cost.wait = min(2 * cost.wait, self.MAX_WAIT * self.probe_every)
         return k
 
@@ -199,7 +202,7 @@ class AdaptiveSpeculation(Speculation):
         """Steps of the bucket a K not chosen waits, since it last ran, for its probe:
         FAR times longer when it is more than SLACK behind the best (twice SLACK after one
         measurement: it may have been slowed by something else)."""
-        cost = self.costs[k, bucket]
+        cost = self._cost(k, bucket)
         behind = 1 - rates[k] / rates[best]
         far = behind > self.SLACK * (1 if len(cost.samples) > 1 else 2)
         return cost.wait * (self.FAR if far else 1)
@@ -207,16 +210,32 @@ class AdaptiveSpeculation(Speculation):
     def rates(self, rows: Sequence[Acceptance],
               left: Sequence[float] | None = None) -> dict[int, float]:
         """Per K (all measured): the expected tokens per second of a step of `rows`; or,
-        given each row's tokens `left`, the share per second of the remaining work of
-        the row that would end last."""
-        bucket = _bucket(len(rows))
+        given each row's tokens `left`, of the batch until its last row ends (`_drain`)."""
         common = self._expected(None)
         expected = [self._expected(row) if row.reached else common for row in rows]
-        if left is None:
-            tokens = [sum(e[k] for e in expected) for k in self.ks]
-        else:
-            tokens = [min(e[k] / n for e, n in zip(expected, left)) for k in self.ks]
-        return {k: tokens[k] / self._seconds(k, bucket) for k in self.ks}
+        if left is not None:
+            return {k: sum(left) / self._drain(k, expected, left) for k in self.ks}
+        bucket = _bucket(len(rows))
+        return {k: sum(e[k] for e in expected) / self._seconds(k, bucket) for k in self.ks}
+
+    def _drain(self, k: int, expected: list[list[float]], left: Sequence[float]) -> float:
+        """The seconds until the last row ends with K held to the end: row i ends after
+        left_i / E_i(K) steps, and each stretch between two rows' ends is priced at the
+        rows still running (`_at`). With a cost flat in the rows, this is the steps of
+        the row that would end last."""
+        ends = sorted(n / e[k] for e, n in zip(expected, left))
+        points = self._points(k)
+        seconds = done = 0.0
+        for i, end in enumerate(ends):
+            seconds += (end - done) * _at(points, len(ends) - i)
+            done = end
+        return seconds
+
+    def _points(self, k: int) -> list[tuple[float, float]]:
+        """(rows, seconds) of a step of K in each bucket where some K ran: the bucket's
+        typical rows (the median of its last steps'), its cost(K, bucket)."""
+        return [(sorted(rows)[len(rows) // 2], self._seconds(k, bucket))
+                for bucket, rows in sorted(self._rows.items())]
 
     def _seconds(self, k: int, bucket: int) -> float:
         """cost(K, bucket): measured, or borrowed from the nearest bucket where K ran,
@@ -255,7 +274,9 @@ class AdaptiveSpeculation(Speculation):
         self._observed = k
         if seconds is None or rows <= 0:
             return
-        self._cost(k, _bucket(rows)).samples.append(seconds)
+        bucket = _bucket(rows)
+        self._cost(k, bucket).samples.append(seconds)
+        self._rows.setdefault(bucket, deque(maxlen=9)).append(rows)
         self._measured.add(k)
 
     def _count(self, k: int, drafts: Sequence[tuple[Acceptance, int]]) -> None:
@@ -272,6 +293,19 @@ class AdaptiveSpeculation(Speculation):
         if (k, bucket) not in self.costs:
             self.costs[k, bucket] = _Cost(self.probe_every)
         return self.costs[k, bucket]
+
+
+def _at(points: list[tuple[float, float]], rows: int) -> float:
+    """The seconds of a step of `rows` rows, linear between the (rows, seconds) points
+    around it; beyond the first or last, that point's."""
+    lower = points[0]
+    for upper in points:
+        if rows <= upper[0]:
+            if upper[0] == lower[0]:
+                return upper[1]
+            return lower[1] + (upper[1] - lower[1]) * (rows - lower[0]) / (upper[0] - lower[0])
+        lower = upper
+    return lower[1]
 
 
 def _bucket(rows: int) -> int:
