@@ -224,8 +224,8 @@ class Scheduler:
     def _choose_k(self, rows: list[Request]) -> int:
         """The step's K from the speculation policy: for the step's throughput while
         requests wait; while none waits, a finished row's place stays empty, so for the
-        soonest end of the row that would end last (each row's tokens left: its
-        max_tokens, or the context, whichever ends it first)."""
+        soonest end of the batch's last row (each row's tokens left: its max_tokens, or
+        the context, whichever ends it first)."""
         acceptance = [r.acceptance for r in rows]
         if self.waiting:
             return self.speculation.choose(acceptance)

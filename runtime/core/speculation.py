@@ -115,8 +115,8 @@ class Speculation:
     def choose(self, rows: Sequence[Acceptance],
                left: Sequence[float] | None = None) -> int:
         """The K of a decode step of `rows` (each row's request acceptance, all ranks);
-        given each row's tokens `left`, for the soonest end of the last row instead of
-        the most tokens per second."""
+        given each row's tokens `left`, for the soonest end of the batch's last row
+        instead of the most tokens per second."""
         return self.k
 
     def observe(self, k: int, rows: int, seconds: float | None,
