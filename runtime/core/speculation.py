@@ -27,9 +27,11 @@
               that once it has measured fewer rows (a batch drained before).
 
               cost(K, n) is the measured seconds of a decode step of that K, per
-              power-of-two bucket of rows: the lower median of its last five
-              measurements, so that a step slowed by something else (a first use,
-              another process) does not decide the next hundred.
+              power-of-two bucket of rows: the median of its last run's measurements
+              (up to five, taken within RECENT steps of each other), so that a step
+              slowed by something else (a first use, another process) does not decide
+              the next hundred, and a cost measured minutes ago, on a machine running
+              at another speed, does not stand against one measured now.
 
 Every K is compiled ahead (the spec's decode layouts). A K=0 step is a plain one that
 leaves the MTP slots where they were; the next fused step catches each slot up from the
@@ -46,9 +48,9 @@ it has lasted FRESH steps, so that the few steps of a bucket passed through as a
 drains are not spent measuring. Then a K not chosen is tried again, for two steps, once
 `probe_every` steps of the bucket have passed since it was last run, so that a cost or an
 acceptance that changed is seen.
-Each probe doubles that wait (up to MAX_WAIT times), and choosing the K for its rate
-resets it; a K whose rate is more than SLACK below the best (twice SLACK while it has
-one measurement) waits FAR times longer. So the probes of a long run cost little: in a
+Each probe doubles that wait (up to MAX_WAIT times: costs go stale), and choosing the K
+for its rate resets it; a K whose rate is more than SLACK below the best (twice SLACK
+while it has one measurement) waits FAR times longer. So the probes of a long run cost little: in a
 256-step run where K=0 is best, K=1 13% behind and K=2 and 3 more than 20%, K=1 is
 probed twice and K=2 and 3 once.
 
@@ -132,12 +134,24 @@ class _Cost:
 
     wait: int
     samples: deque[float] = field(default_factory=lambda: deque(maxlen=5))
+    taken: deque[int] = field(default_factory=lambda: deque(maxlen=5))  # bucket steps
     ran_at: int = 0
+
+    def add(self, seconds: float, step: int) -> None:
+        self.samples.append(seconds)
+        self.taken.append(step)
+
+    RECENT = 8    # bucket steps: samples this much older than the newest are not used
 
     @property
     def seconds(self) -> float:
-        """The lower median of the samples kept."""
-        return sorted(self.samples)[(len(self.samples) - 1) // 2]
+        """The median of the samples of its last run: those taken within RECENT steps of
+        the newest (a probe's two, when the others are older). A shared machine's speed
+        drifts by a quarter over tens of steps: a cost kept from an earlier run would
+        be compared with one measured now."""
+        recent = sorted(s for s, t in zip(self.samples, self.taken)
+                        if t >= self.taken[-1] - self.RECENT)
+        return (recent[(len(recent) - 1) // 2] + recent[len(recent) // 2]) / 2
 
 
 class AdaptiveSpeculation(Speculation):
@@ -150,7 +164,7 @@ class AdaptiveSpeculation(Speculation):
     FIRST_RATE = 0.5          # the acceptance assumed before any draft was verified
     SLACK = 0.2               # a K this far below the best rate ...
     FAR = 4                   # ... waits this many times longer for its probe
-    MAX_WAIT = 16             # a probe's wait doubles up to this many probe_every
+    MAX_WAIT = 4              # a probe's wait doubles up to this many probe_every
     FRESH = 8                 # steps of a new bucket before the K not run in it run
 
     def __init__(self, max_k: int, probe_every: int = 48):
@@ -259,11 +273,17 @@ class AdaptiveSpeculation(Speculation):
         return self._expected(None)[k]
 
     def _expected(self, row: Acceptance | None) -> list[float]:
-        """E(0), ..., E(max): a row's tokens per step of each K (None: the common row)."""
-        out, reach, common = [1.0], 1.0, self.FIRST_RATE
+        """E(0), ..., E(max): a row's tokens per step of each K (None: the common row).
+        A request that keeps fewer (more) drafts than the common rate at one position
+        keeps fewer (more) at the next: its prior at position j is the common rate
+        there times its own over the common at j-1 (at most 1)."""
+        out, reach, common, ratio = [1.0], 1.0, self.FIRST_RATE, 1.0
         for j in range(self.k):
             common = self.acceptance.rate(j, common)
-            reach *= common if row is None else row.rate(j, common, self.ROW_PRIOR)
+            rate = common if row is None else \
+                row.rate(j, min(1.0, common * ratio), self.ROW_PRIOR)
+            ratio = rate / common if common else 1.0
+            reach *= rate
             out.append(out[-1] + reach)
         return out
 
@@ -275,7 +295,7 @@ class AdaptiveSpeculation(Speculation):
         if seconds is None or rows <= 0:
             return
         bucket = _bucket(rows)
-        self._cost(k, bucket).samples.append(seconds)
+        self._cost(k, bucket).add(seconds, self._steps.get(bucket, 0))
         self._rows.setdefault(bucket, deque(maxlen=9)).append(rows)
         self._measured.add(k)
 
