@@ -50,9 +50,9 @@ drains are not spent measuring. Then a K not chosen is tried again, for two step
 acceptance that changed is seen.
 Each probe doubles that wait (up to MAX_WAIT times: costs go stale), and choosing the K
 for its rate resets it; a K whose rate is more than SLACK below the best (twice SLACK
-while it has one measurement) waits FAR times longer. So the probes of a long run cost little: in a
-256-step run where K=0 is best, K=1 13% behind and K=2 and 3 more than 20%, K=1 is
-probed twice and K=2 and 3 once.
+while it has one measurement) waits FAR times longer. So the probes of a long run cost
+little: in a 256-step run where K=0 is best, K=1 13% behind and K=2 and 3 more than 20%,
+K=1 is probed twice and K=2 and 3 once.
 
 A caught-up slot keeps the streams of its last fused step, so the first fused step after
 a K=0 one drafts from older streams: its acceptance is not counted (a probe's second step
@@ -137,11 +137,11 @@ class _Cost:
     taken: deque[int] = field(default_factory=lambda: deque(maxlen=5))  # bucket steps
     ran_at: int = 0
 
+    RECENT = 8    # bucket steps: samples this much older than the newest are not used
+
     def add(self, seconds: float, step: int) -> None:
         self.samples.append(seconds)
         self.taken.append(step)
-
-    RECENT = 8    # bucket steps: samples this much older than the newest are not used
 
     @property
     def seconds(self) -> float:
