@@ -225,31 +225,39 @@ class AdaptiveSpeculation(Speculation):
               left: Sequence[float] | None = None) -> dict[int, float]:
         """Per K (all measured): the expected tokens per second of a step of `rows`; or,
         given each row's tokens `left`, of the batch until its last row ends (`_drain`)."""
-        common = self._expected(None)
-        expected = [self._expected(row) if row.reached else common for row in rows]
+        rates = self._common()
+        common = self._expected(None, rates)
+        expected = [self._expected(row, rates) if row.reached else common for row in rows]
         if left is not None:
-            return {k: sum(left) / self._drain(k, expected, left) for k in self.ks}
+            typical = self._typical(len(rows))
+            return {k: sum(left) / self._drain(k, expected, left, typical) for k in self.ks}
         bucket = _bucket(len(rows))
         return {k: sum(e[k] for e in expected) / self._seconds(k, bucket) for k in self.ks}
 
-    def _drain(self, k: int, expected: list[list[float]], left: Sequence[float]) -> float:
+    def _drain(self, k: int, expected: list[list[float]], left: Sequence[float],
+               typical: list[tuple[int, int]]) -> float:
         """The seconds until the last row ends with K held to the end: row i ends after
         left_i / E_i(K) steps, and each stretch between two rows' ends is priced at the
-        rows still running (`_at`). With a cost flat in the rows, this is the steps of
-        the row that would end last."""
+        rows still running (`_at`, between the `typical` buckets' costs). With a cost
+        flat in the rows, this is the steps of the row that would end last."""
         ends = sorted(n / e[k] for e, n in zip(expected, left))
-        points = self._points(k)
+        points = [(rows, self._seconds(k, bucket)) for bucket, rows in typical]
         seconds = done = 0.0
         for i, end in enumerate(ends):
             seconds += (end - done) * _at(points, len(ends) - i)
             done = end
         return seconds
 
-    def _points(self, k: int) -> list[tuple[float, float]]:
-        """(rows, seconds) of a step of K in each bucket where some K ran: the bucket's
-        typical rows (the median of its last steps'), its cost(K, bucket)."""
-        return [(sorted(rows)[len(rows) // 2], self._seconds(k, bucket))
-                for bucket, rows in sorted(self._rows.items())]
+    def _typical(self, rows: int) -> list[tuple[int, int]]:
+        """(bucket, typical rows) of each bucket where some K ran, the typical rows the
+        median of its last steps', up to the first bucket of at least `rows` (a drain
+        from `rows` rows is priced at no more)."""
+        out = []
+        for bucket, last in sorted(self._rows.items()):
+            out.append((bucket, sorted(last)[len(last) // 2]))
+            if out[-1][1] >= rows:
+                break
+        return out
 
     def _seconds(self, k: int, bucket: int) -> float:
         """cost(K, bucket): measured, or borrowed from the nearest bucket where K ran,
@@ -272,19 +280,28 @@ class AdaptiveSpeculation(Speculation):
         drafts, at the common running rates."""
         return self._expected(None)[k]
 
-    def _expected(self, row: Acceptance | None) -> list[float]:
-        """E(0), ..., E(max): a row's tokens per step of each K (None: the common row).
+    def _expected(self, row: Acceptance | None,
+                  common: Sequence[float] | None = None) -> list[float]:
+        """E(0), ..., E(max): a row's tokens per step of each K (None: the common row),
+        given the `common` rate at each position (`_common()`, computed once a step).
         A request that keeps fewer (more) drafts than the common rate at one position
         keeps fewer (more) at the next: its prior at position j is the common rate
         there times its own over the common at j-1 (at most 1)."""
-        out, reach, common, ratio = [1.0], 1.0, self.FIRST_RATE, 1.0
-        for j in range(self.k):
-            common = self.acceptance.rate(j, common)
-            rate = common if row is None else \
-                row.rate(j, min(1.0, common * ratio), self.ROW_PRIOR)
-            ratio = rate / common if common else 1.0
+        out, reach, ratio = [1.0], 1.0, 1.0
+        for j, c in enumerate(self._common() if common is None else common):
+            rate = c if row is None else row.rate(j, min(1.0, c * ratio), self.ROW_PRIOR)
+            ratio = rate / c if c else 1.0
             reach *= rate
             out.append(out[-1] + reach)
+        return out
+
+    def _common(self) -> list[float]:
+        """The common rate at each draft position (a position never reached takes the
+        one before's, the first FIRST_RATE)."""
+        out, rate = [], self.FIRST_RATE
+        for j in range(self.k):
+            rate = self.acceptance.rate(j, rate)
+            out.append(rate)
         return out
 
     def observe(self, k: int, rows: int, seconds: float | None,

@@ -351,8 +351,10 @@ def test_the_drain_is_priced_at_the_rows_still_running():
             policy.observe(k, rows, seconds, [])
     expected = [[1.0, 2.0]] * 8
     left = [8.0] * 7 + [20.0]
-    assert policy._drain(1, expected, left) == pytest.approx(4 * 4.0 + 6 * 1.0)
-    assert policy._drain(0, expected, left) == pytest.approx(8 * 4.0 + 12 * 1.0)
+    typical = policy._typical(8)
+    assert typical == [(2, 2), (4, 8)] and policy._typical(2) == [(2, 2)]
+    assert policy._drain(1, expected, left, typical) == pytest.approx(4 * 4.0 + 6 * 1.0)
+    assert policy._drain(0, expected, left, typical) == pytest.approx(8 * 4.0 + 12 * 1.0)
     # rows without drafts of their own: E(1) = 1 + FIRST_RATE = 1.5 tokens a step
     assert policy.rates([Acceptance()] * 8, left)[1] == pytest.approx(76 / (8 / 1.5 * 4
                                                                           + 12 / 1.5))
