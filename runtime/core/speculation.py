@@ -27,11 +27,10 @@
               that once it has measured fewer rows (a batch drained before).
 
               cost(K, n) is the measured seconds of a decode step of that K, per
-              power-of-two bucket of rows: the median of its last run's measurements
-              (up to five, taken within RECENT steps of each other), so that a step
-              slowed by something else (a first use, another process) does not decide
-              the next hundred, and a cost measured minutes ago, on a machine running
-              at another speed, does not stand against one measured now.
+              power-of-two bucket of rows, at the machine's speed now (Drift): the
+              median of its last run's measurements (up to five, taken within RECENT
+              steps of each other), so that a step slowed by something else (a first
+              use, another process) does not decide the next hundred.
 
 Every K is compiled ahead (the spec's decode layouts). A K=0 step is a plain one that
 leaves the MTP slots where they were; the next fused step catches each slot up from the
@@ -53,6 +52,16 @@ for its rate resets it; a K whose rate is more than SLACK below the best (twice 
 while it has one measurement) waits FAR times longer. So the probes of a long run cost
 little: in a 256-step run where K=0 is best, K=1 13% behind and K=2 and 3 more than 20%,
 K=1 is probed twice and K=2 and 3 once.
+
+Drift. A shared machine's speed changes by half over tens of steps, and a K not chosen
+is measured only at its probes: a cost taken while the machine was slow, held against
+one taken since it sped up, would keep the policy on a worse K until the next probe
+(a hundred steps and more). So costs are kept at one speed: once the K chosen for its
+rate has run five steps for it (its samples none of them a probe's, which was chosen
+because it measured well), its steps no longer add to its cost but tell the machine's
+speed, the median of its last three steps' seconds over that cost; every other sample
+is divided by the speed when it is taken, and every cost multiplied by the speed now.
+A probe's cost is thus its seconds against the chosen K's steps around it.
 
 A caught-up slot keeps the streams of its last fused step, so the first fused step after
 a K=0 one drafts from older streams: its acceptance is not counted (a probe's second step
@@ -136,22 +145,31 @@ class _Cost:
     samples: deque[float] = field(default_factory=lambda: deque(maxlen=5))
     taken: deque[int] = field(default_factory=lambda: deque(maxlen=5))  # bucket steps
     ran_at: int = 0
+    chosen: int = 0         # of the samples, the last ones taken while chosen for its rate
 
     RECENT = 8    # bucket steps: samples this much older than the newest are not used
 
-    def add(self, seconds: float, step: int) -> None:
+    def add(self, seconds: float, step: int, chosen: bool) -> None:
         self.samples.append(seconds)
         self.taken.append(step)
+        self.chosen = self.chosen + 1 if chosen else 0
 
     @property
     def seconds(self) -> float:
         """The median of the samples of its last run: those taken within RECENT steps of
-        the newest (a probe's two, when the others are older). A shared machine's speed
-        drifts by a quarter over tens of steps: a cost kept from an earlier run would
-        be compared with one measured now."""
-        recent = sorted(s for s, t in zip(self.samples, self.taken)
-                        if t >= self.taken[-1] - self.RECENT)
-        return (recent[(len(recent) - 1) // 2] + recent[len(recent) // 2]) / 2
+        the newest (a probe's two, when the others are older), so that a cost that
+        changed (against the others) is seen at its next probe."""
+        return _median(self._recent())
+
+    @property
+    def settled(self) -> bool:
+        """Every sample was taken while it was chosen for its rate (none from a probe,
+        whose K was chosen because it measured well): a K that has run this long for its
+        rate measures the machine's speed rather than its own cost."""
+        return self.chosen >= self.samples.maxlen
+
+    def _recent(self) -> list[float]:
+        return [s for s, t in zip(self.samples, self.taken) if t >= self.taken[-1] - self.RECENT]
 
 
 class AdaptiveSpeculation(Speculation):
@@ -161,6 +179,7 @@ class AdaptiveSpeculation(Speculation):
     DECAY = 0.999             # per row reaching a position: ~1000 rows of memory
     ROW_DECAY = 0.99          # a request's own: its last ~100 drafts per position
     ROW_PRIOR = 16.0          # rows of the common rate in a request's own
+    COMMON_PRIOR = 4.0        # rows of the position before's rate in a deeper one's
     FIRST_RATE = 0.5          # the acceptance assumed before any draft was verified
     SLACK = 0.2               # a K this far below the best rate ...
     FAR = 4                   # ... waits this many times longer for its probe
@@ -178,6 +197,8 @@ class AdaptiveSpeculation(Speculation):
         self._steps: dict[int, int] = {}           # decode steps per bucket
         self.chosen: dict[int, int] = {}           # steps per K (the metrics' histogram)
         self._again: int | None = None             # a probe's K, for its second step
+        self._best: int | None = None              # the K chosen for its rate this step
+        self._speed: deque[float] = deque(maxlen=3)  # the best's last seconds / its cost
         self._observed: int | None = None          # the K of the step observed last
 
     def choose(self, rows: Sequence[Acceptance],
@@ -185,6 +206,7 @@ class AdaptiveSpeculation(Speculation):
         bucket = _bucket(len(rows))
         step = self._steps[bucket] = self._steps.get(bucket, 0) + 1
         unmeasured = [k for k in self.ks if k not in self._measured]
+        self._best = None
         if self._again is not None:
             k, self._again = self._again, None
         elif unmeasured:
@@ -206,6 +228,7 @@ class AdaptiveSpeculation(Speculation):
                and step - self._cost(k, bucket).ran_at >= self._wait(k, bucket, rates, best)]
         if not due:
             self._cost(best, bucket).wait = self.probe_every
+            self._best = best
             return best
         k = self._again = max(due, key=rates.__getitem__)
         cost = self._cost(k, bucket)
@@ -260,8 +283,13 @@ class AdaptiveSpeculation(Speculation):
         return out
 
     def _seconds(self, k: int, bucket: int) -> float:
-        """cost(K, bucket): measured, or borrowed from the nearest bucket where K ran,
-        scaled by the nearest K run in both (see Exploration in the module docstring)."""
+        """cost(K, bucket) at the machine's speed now (see Drift in the module docstring)."""
+        return self._normal(k, bucket) * self._now()
+
+    def _normal(self, k: int, bucket: int) -> float:
+        """cost(K, bucket) at the speed its samples are kept at: measured, or borrowed
+        from the nearest bucket where K ran, scaled by the nearest K run in both (see
+        Exploration in the module docstring)."""
         own = self._cost(k, bucket)
         if own.samples:
             return own.seconds
@@ -274,6 +302,10 @@ class AdaptiveSpeculation(Speculation):
         r = min(both, key=lambda j: abs(j - k))
         return self.costs[k, near].seconds * self.costs[r, bucket].seconds \
             / self.costs[r, near].seconds
+
+    def _now(self) -> float:
+        """How much slower the machine runs now than when the costs were measured."""
+        return _median(self._speed) if self._speed else 1.0
 
     def expected_tokens(self, k: int) -> float:
         """E(K): the tokens a request without drafts of its own commits in a step of K
@@ -296,11 +328,14 @@ class AdaptiveSpeculation(Speculation):
         return out
 
     def _common(self) -> list[float]:
-        """The common rate at each draft position (a position never reached takes the
-        one before's, the first FIRST_RATE)."""
+        """The common rate at each draft position (the first FIRST_RATE until a row
+        reaches it). A deeper position is reached only by rows that kept every draft
+        before it, so its count grows slowly: it is drawn toward the position before's
+        rate by COMMON_PRIOR rows, lest its first row or two (all kept, or none) decide
+        whether a deeper K pays."""
         out, rate = [], self.FIRST_RATE
         for j in range(self.k):
-            rate = self.acceptance.rate(j, rate)
+            rate = self.acceptance.rate(j, rate, self.COMMON_PRIOR if j else 0.0)
             out.append(rate)
         return out
 
@@ -312,7 +347,11 @@ class AdaptiveSpeculation(Speculation):
         if seconds is None or rows <= 0:
             return
         bucket = _bucket(rows)
-        self._cost(k, bucket).add(seconds, self._steps.get(bucket, 0))
+        cost = self._cost(k, bucket)
+        if k == self._best and cost.settled:
+            self._speed.append(seconds / cost.seconds)
+        else:
+            cost.add(seconds / self._now(), self._steps.get(bucket, 0), k == self._best)
         self._rows.setdefault(bucket, deque(maxlen=9)).append(rows)
         self._measured.add(k)
 
@@ -330,6 +369,11 @@ class AdaptiveSpeculation(Speculation):
         if (k, bucket) not in self.costs:
             self.costs[k, bucket] = _Cost(self.probe_every)
         return self.costs[k, bucket]
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return (ordered[(len(ordered) - 1) // 2] + ordered[len(ordered) // 2]) / 2
 
 
 def _at(points: list[tuple[float, float]], rows: int) -> float:

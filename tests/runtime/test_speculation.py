@@ -114,8 +114,8 @@ def test_the_choice_follows_acceptance_against_cost(rate, best):
     policy = AdaptiveSpeculation(3)
     sim = Simulated([rate] * 3, lambda k, rows: 1 + 0.4 * k)
     for _ in range(300):
-        sim.step(policy, 2)
-    last = [policy.choose(_new(2)) for _ in range(31)]     # a probe may land in these
+        sim.step(policy, 8)     # eight rows a step: the probes' drafts tell the rates
+    last = [policy.choose(_new(8)) for _ in range(31)]     # a probe may land in these
     assert max(set(last), key=last.count) == best
 
 
@@ -196,7 +196,9 @@ def test_acceptance_is_per_position_and_an_unseen_position_takes_the_previous_ra
     policy.observe(2, 10, None, rows)
     decay = AdaptiveSpeculation.DECAY
     a1 = (8 * decay ** 10 + 5) / (10 * decay ** 10 + 10)
-    assert policy.expected_tokens(2) == pytest.approx(1 + a1 + a1 * 0.2)
+    # position 2, reached 5 times, is drawn toward position 1's rate by COMMON_PRIOR rows
+    a2 = (1 + policy.COMMON_PRIOR * a1) / (5 + policy.COMMON_PRIOR)
+    assert policy.expected_tokens(2) == pytest.approx(1 + a1 + a1 * a2)
 
 
 def test_a_requests_own_rate_is_drawn_toward_the_common_one():
@@ -223,10 +225,10 @@ def test_a_request_below_the_common_rate_is_expected_below_it_where_it_never_dra
     for i in range(200):
         policy.observe(1, 1, None, [(hard, int(i % 5 < 2))])
     c1 = policy.acceptance.rate(0, 0.5)
-    c2 = policy.acceptance.rate(1, c1)
+    c2 = policy.acceptance.rate(1, c1, policy.COMMON_PRIOR)
     a1 = hard.rate(0, c1, policy.ROW_PRIOR)
     assert a1 == pytest.approx(0.44, abs=0.01) and c1 == pytest.approx(0.70, abs=0.01)
-    assert c2 == 1.0
+    assert c2 == pytest.approx(1.0, abs=0.01)
     assert policy._expected(hard)[2] == pytest.approx(1 + a1 + a1 * c2 * a1 / c1)
 
 
@@ -358,3 +360,21 @@ def test_the_drain_is_priced_at_the_rows_still_running():
     # rows without drafts of their own: E(1) = 1 + FIRST_RATE = 1.5 tokens a step
     assert policy.rates([Acceptance()] * 8, left)[1] == pytest.approx(76 / (8 / 1.5 * 4
                                                                           + 12 / 1.5))
+
+
+
+
+@pytest.mark.parametrize("rows", [1, 16])
+def test_a_machine_that_slows_for_a_while_does_not_move_the_choice(rows):
+    """Another process slows the machine to half its speed for 40 steps. K=0 is 10%
+    ahead of K=1 at any speed (E(1) = 1.5 tokens for 1.65 times the seconds), K=2 and
+    K=3 further behind. The steps of the K that runs tell the policy the machine's
+    speed, and every cost is compared at that speed: a K last measured before the
+    slowdown is not cheaper than K=0 measured during it, nor K=0 measured during it
+    dearer than one measured after. Over 600 steps K=0 runs all but the probes."""
+    ratio = (1.0, 1.65, 2.2, 2.8)
+    sim = Simulated([0.5] * 3, lambda k, rows: ratio[k] * (2 if 100 <= sim.now < 140 else 1))
+    policy = AdaptiveSpeculation(3)
+    for sim.now in range(600):
+        sim.step(policy, rows)
+    assert policy.chosen[0] >= 600 - 3 - 2 * 8, policy.chosen
