@@ -56,12 +56,21 @@ K=1 is probed twice and K=2 and 3 once.
 Drift. A shared machine's speed changes by half over tens of steps, and a K not chosen
 is measured only at its probes: a cost taken while the machine was slow, held against
 one taken since it sped up, would keep the policy on a worse K until the next probe
-(a hundred steps and more). So costs are kept at one speed: once the K chosen for its
-rate has run five steps for it (its samples none of them a probe's, which was chosen
-because it measured well), its steps no longer add to its cost but tell the machine's
-speed, the median of its last three steps' seconds over that cost; every other sample
-is divided by the speed when it is taken, and every cost multiplied by the speed now.
-A probe's cost is thus its seconds against the chosen K's steps around it.
+(a hundred steps and more). So costs are kept at one speed: the steps of the K chosen
+for its rate add nothing to its cost but tell the machine's speed, the median of its last
+three steps' seconds over that cost; every other sample is divided by the speed when it
+is taken, and every cost multiplied by the speed now. A probe's cost is thus its seconds
+against the chosen K's steps around it, and the chosen K's own cost cancels out of every
+comparison at its bucket.
+
+Confirmation. A K that displaced the one chosen before was chosen because its last probe
+measured well, maybe by chance (the machine idle for those two steps): CONFIRM steps on,
+the K it displaced is probed again, against the new one's steps since, so that a lucky
+probe leads a few steps, not until the displaced K's next probe.
+
+Host work. Pricing a drain is the policy's dearest work (per K, every row's tokens left):
+the rates serve REFRESH steps of as many rows while no cost is measured, as acceptance
+and tokens left move little in a few steps and the machine's speed scales every K alike.
 
 A caught-up slot keeps the streams of its last fused step, so the first fused step after
 a K=0 one drafts from older streams: its acceptance is not counted (a probe's second step
@@ -145,14 +154,12 @@ class _Cost:
     samples: deque[float] = field(default_factory=lambda: deque(maxlen=5))
     taken: deque[int] = field(default_factory=lambda: deque(maxlen=5))  # bucket steps
     ran_at: int = 0
-    chosen: int = 0         # of the samples, the last ones taken while chosen for its rate
 
     RECENT = 8    # bucket steps: samples this much older than the newest are not used
 
-    def add(self, seconds: float, step: int, chosen: bool) -> None:
+    def add(self, seconds: float, step: int) -> None:
         self.samples.append(seconds)
         self.taken.append(step)
-        self.chosen = self.chosen + 1 if chosen else 0
 
     @property
     def seconds(self) -> float:
@@ -160,13 +167,6 @@ class _Cost:
         the newest (a probe's two, when the others are older), so that a cost that
         changed (against the others) is seen at its next probe."""
         return _median(self._recent())
-
-    @property
-    def settled(self) -> bool:
-        """Every sample was taken while it was chosen for its rate (none from a probe,
-        whose K was chosen because it measured well): a K that has run this long for its
-        rate measures the machine's speed rather than its own cost."""
-        return self.chosen >= self.samples.maxlen
 
     def _recent(self) -> list[float]:
         return [s for s, t in zip(self.samples, self.taken) if t >= self.taken[-1] - self.RECENT]
@@ -185,6 +185,8 @@ class AdaptiveSpeculation(Speculation):
     FAR = 4                   # ... waits this many times longer for its probe
     MAX_WAIT = 4              # a probe's wait doubles up to this many probe_every
     FRESH = 8                 # steps of a new bucket before the K not run in it run
+    CONFIRM = 4               # steps after a change of the best before the old is probed
+    REFRESH = 4               # steps a choice's rates serve (see _rates)
 
     def __init__(self, max_k: int, probe_every: int = 48):
         super().__init__(max_k)
@@ -198,8 +200,11 @@ class AdaptiveSpeculation(Speculation):
         self.chosen: dict[int, int] = {}           # steps per K (the metrics' histogram)
         self._again: int | None = None             # a probe's K, for its second step
         self._best: int | None = None              # the K chosen for its rate this step
+        self._leader: dict[int, int] = {}          # per bucket: the K chosen for its rate
+        self._confirming: dict[int, tuple[int, int]] = {}  # per bucket: (K, due step)
         self._speed: deque[float] = deque(maxlen=3)  # the best's last seconds / its cost
         self._observed: int | None = None          # the K of the step observed last
+        self._kept: tuple[tuple[int, bool], int, dict[int, float]] | None = None  # _rates
 
     def choose(self, rows: Sequence[Acceptance],
                left: Sequence[float] | None = None) -> int:
@@ -212,7 +217,7 @@ class AdaptiveSpeculation(Speculation):
         elif unmeasured:
             k = unmeasured[0]
         else:
-            k = self._pick(self.rates(rows, left), bucket, step)
+            k = self._pick(self._rates(rows, left), bucket, step)
         self._cost(k, bucket).ran_at = step
         self.chosen[k] = self.chosen.get(k, 0) + 1
         return k
@@ -224,9 +229,14 @@ class AdaptiveSpeculation(Speculation):
         fresh = [k for k in self.ks if k != best and not self._cost(k, bucket).samples]
         if fresh and step > self.FRESH:
             return max(fresh, key=rates.__getitem__)
+        confirm = self._confirm(best, bucket, step)
+        if confirm is not None:
+            self._again = confirm
+            return confirm
         due = [k for k in self.ks if k != best
                and step - self._cost(k, bucket).ran_at >= self._wait(k, bucket, rates, best)]
         if not due:
+            self._lead(best, bucket, step)
             self._cost(best, bucket).wait = self.probe_every
             self._best = best
             return best
@@ -234,6 +244,23 @@ class AdaptiveSpeculation(Speculation):
         cost = self._cost(k, bucket)
         cost.wait = min(2 * cost.wait, self.MAX_WAIT * self.probe_every)
         return k
+
+    def _lead(self, best: int, bucket: int, step: int) -> None:
+        """`best` leads the bucket. One that displaced another was chosen because its
+        last probe measured well (or the other's badly): the K it displaced is probed
+        again CONFIRM steps on, against the new leader's steps around it."""
+        leader = self._leader.get(bucket)
+        if leader is not None and leader != best:
+            self._confirming[bucket] = (leader, step + self.CONFIRM)
+        self._leader[bucket] = best
+
+    def _confirm(self, best: int, bucket: int, step: int) -> int | None:
+        """The displaced K, once its confirming probe is due (unless it leads again)."""
+        pending = self._confirming.get(bucket)
+        if pending is None or step < pending[1]:
+            return None
+        del self._confirming[bucket]
+        return None if pending[0] == best else pending[0]
 
     def _wait(self, k: int, bucket: int, rates: dict[int, float], best: int) -> int:
         """Steps of the bucket a K not chosen waits, since it last ran, for its probe:
@@ -243,6 +270,17 @@ class AdaptiveSpeculation(Speculation):
         behind = 1 - rates[k] / rates[best]
         far = behind > self.SLACK * (1 if len(cost.samples) > 1 else 2)
         return cost.wait * (self.FAR if far else 1)
+
+    def _rates(self, rows: Sequence[Acceptance],
+               left: Sequence[float] | None) -> dict[int, float]:
+        """rates(rows, left), kept for REFRESH steps while the steps have as many rows and
+        no cost is measured: the acceptance and the tokens left move little in a few
+        steps, and the machine's speed scales every K's rate alike."""
+        key = (len(rows), left is None)
+        if self._kept is None or self._kept[0] != key or self._kept[1] >= self.REFRESH:
+            self._kept = (key, 0, self.rates(rows, left))
+        self._kept = (key, self._kept[1] + 1, self._kept[2])
+        return self._kept[2]
 
     def rates(self, rows: Sequence[Acceptance],
               left: Sequence[float] | None = None) -> dict[int, float]:
@@ -348,10 +386,11 @@ class AdaptiveSpeculation(Speculation):
             return
         bucket = _bucket(rows)
         cost = self._cost(k, bucket)
-        if k == self._best and cost.settled:
+        if k == self._best and cost.samples:
             self._speed.append(seconds / cost.seconds)
         else:
-            cost.add(seconds / self._now(), self._steps.get(bucket, 0), k == self._best)
+            cost.add(seconds / self._now(), self._steps.get(bucket, 0))
+            self._kept = None
         self._rows.setdefault(bucket, deque(maxlen=9)).append(rows)
         self._measured.add(k)
 

@@ -378,3 +378,66 @@ def test_a_machine_that_slows_for_a_while_does_not_move_the_choice(rows):
     for sim.now in range(600):
         sim.step(policy, rows)
     assert policy.chosen[0] >= 600 - 3 - 2 * 8, policy.chosen
+
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_machine_whose_speed_keeps_changing_keeps_the_better_k(seed):
+    """K=1 is 7% ahead of K=0 at any speed (E(1) = 1.5 tokens for 1.4 times the seconds),
+    K=2 and K=3 behind, and the machine's speed changes every 30 steps (0.7x to 1.4x).
+    Every probe is measured against the steps of the K chosen around it, so a change of
+    speed between two probes does not move the choice: K=1 runs nine steps in ten."""
+    rng = random.Random(seed)
+    speeds = [rng.uniform(0.7, 1.4) for _ in range(40)]
+    ratio = (1.0, 1.4, 2.0, 2.6)
+    sim = Simulated([0.5] * 3, lambda k, rows: ratio[k] * speeds[sim.now // 30], 0.05, seed)
+    policy = AdaptiveSpeculation(3)
+    for sim.now in range(1200):
+        sim.step(policy, 16)
+    assert policy.chosen[1] >= 0.9 * 1200, policy.chosen
+
+
+def test_a_probe_that_measured_well_by_chance_holds_the_choice_a_few_steps_only():
+    """K=0 is 13% ahead of K=1 (E(1) = 1.3 tokens for 1.5 times the seconds). K=1's
+    first probe after step 100 runs at half its cost (the machine was idle for it), so
+    it leads; CONFIRM steps on K=0 is probed against K=1's steps since, and leads again."""
+    ratio = (1.0, 1.5, 2.0, 2.5)
+    lucky = []
+
+    def cost(k: int, rows: int) -> float:
+        if k == 1 and sim.now >= 100 and len(lucky) < 2:
+            lucky.append(sim.now)
+            return ratio[k] / 2
+        return ratio[k]
+
+    sim = Simulated([0.3] * 3, cost, seed=1)
+    policy = AdaptiveSpeculation(3)
+    ks = []
+    for sim.now in range(300):
+        sim.step(policy, 16)
+        ks.append(policy._observed)
+    after = ks[lucky[-1] + 1:]
+    assert after[:policy.CONFIRM + 4].count(1) >= policy.CONFIRM - 1    # it led ...
+    assert after[policy.CONFIRM + 4:].count(1) <= 4, after              # ... briefly
+
+
+def test_a_steady_batch_computes_its_rates_once_every_refresh_steps():
+    """The rates (a drain's pricing is the policy's dearest host work) serve REFRESH
+    steps of as many rows while no cost is measured; a new count of rows, or a probe's
+    measurement, computes them again."""
+    policy = AdaptiveSpeculation(1, probe_every=10_000)     # no probe in these steps
+    sim = Simulated([0.9], lambda k, rows: 1.0 + 0.1 * k)
+    for _ in range(12):
+        sim.step(policy, 8)                 # each K measured, then FRESH steps of K=1
+    computed = []
+    rates = policy.rates
+    policy.rates = lambda rows, left=None: computed.append(len(rows)) or rates(rows, left)
+    for _ in range(3 * policy.REFRESH):
+        sim.step(policy, 8)
+    assert computed == [8] * 3
+    sim.step(policy, 9)
+    sim.step(policy, 9)
+    assert computed == [8] * 3 + [9]
+    policy.observe(0, 9, 1.0, [])           # a cost measured
+    sim.step(policy, 9)
+    assert computed == [8] * 3 + [9] * 2
