@@ -28,9 +28,10 @@
 
               cost(K, n) is the measured seconds of a decode step of that K, per
               power-of-two bucket of rows, at the machine's speed now (Drift): the
-              median of its last run's measurements (up to five, taken within RECENT
-              steps of each other), so that a step slowed by something else (a first
-              use, another process) does not decide the next hundred.
+              median of its last five measurements (kept at one speed), so that a step
+              slowed or sped by something else (a first use, another process, a
+              moment idle) does not decide the next hundred: one probe's two steps
+              do not move it alone, two probes do.
 
 Every K is compiled ahead (the spec's decode layouts). A K=0 step is a plain one that
 leaves the MTP slots where they were; the next fused step catches each slot up from the
@@ -63,10 +64,10 @@ is taken, and every cost multiplied by the speed now. A probe's cost is thus its
 against the chosen K's steps around it, and the chosen K's own cost cancels out of every
 comparison at its bucket.
 
-Confirmation. A K that displaced the one chosen before was chosen because its last probe
-measured well, maybe by chance (the machine idle for those two steps): CONFIRM steps on,
-the K it displaced is probed again, against the new one's steps since, so that a lucky
-probe leads a few steps, not until the displaced K's next probe.
+Confirmation. A K that displaced the one chosen before was chosen because its probes
+measured well, maybe by chance (the machine idle for those steps): CONFIRM steps on, the
+K it displaced is probed again, against the new one's steps since, rather than at its
+next probe, up to 4x48 steps on.
 
 Host work. Pricing a drain is the policy's dearest work (per K, every row's tokens left):
 the rates serve REFRESH steps of as many rows while no cost is measured, as acceptance
@@ -147,29 +148,16 @@ class Speculation:
 
 @dataclass
 class _Cost:
-    """The last measurements of one (K, bucket), when it last ran and how long it waits
-    to be probed."""
+    """The last five measurements of one (K, bucket) at one machine speed, when it last
+    ran and how long it waits to be probed."""
 
     wait: int
     samples: deque[float] = field(default_factory=lambda: deque(maxlen=5))
-    taken: deque[int] = field(default_factory=lambda: deque(maxlen=5))  # bucket steps
     ran_at: int = 0
-
-    RECENT = 8    # bucket steps: samples this much older than the newest are not used
-
-    def add(self, seconds: float, step: int) -> None:
-        self.samples.append(seconds)
-        self.taken.append(step)
 
     @property
     def seconds(self) -> float:
-        """The median of the samples of its last run: those taken within RECENT steps of
-        the newest (a probe's two, when the others are older), so that a cost that
-        changed (against the others) is seen at its next probe."""
-        return _median(self._recent())
-
-    def _recent(self) -> list[float]:
-        return [s for s, t in zip(self.samples, self.taken) if t >= self.taken[-1] - self.RECENT]
+        return _median(self.samples)
 
 
 class AdaptiveSpeculation(Speculation):
@@ -389,7 +377,7 @@ class AdaptiveSpeculation(Speculation):
         if k == self._best and cost.samples:
             self._speed.append(seconds / cost.seconds)
         else:
-            cost.add(seconds / self._now(), self._steps.get(bucket, 0))
+            cost.samples.append(seconds / self._now())
             self._kept = None
         self._rows.setdefault(bucket, deque(maxlen=9)).append(rows)
         self._measured.add(k)

@@ -397,15 +397,15 @@ def test_a_machine_whose_speed_keeps_changing_keeps_the_better_k(seed):
     assert policy.chosen[1] >= 0.9 * 1200, policy.chosen
 
 
-def test_a_probe_that_measured_well_by_chance_holds_the_choice_a_few_steps_only():
-    """K=0 is 13% ahead of K=1 (E(1) = 1.3 tokens for 1.5 times the seconds). K=1's
-    first probe after step 100 runs at half its cost (the machine was idle for it), so
-    it leads; CONFIRM steps on K=0 is probed against K=1's steps since, and leads again."""
+def _lucky_k1(lucky_samples: int, steps: int) -> tuple[AdaptiveSpeculation, list[int], list[int]]:
+    """K=0 is 13% ahead of K=1 (E(1) = 1.3 tokens for 1.5 times the seconds). From step
+    100, K=1's next `lucky_samples` steps run at half their cost (the machine idle for
+    them). The policy, each step's K, and the steps that were lucky."""
     ratio = (1.0, 1.5, 2.0, 2.5)
-    lucky = []
+    lucky: list[int] = []
 
     def cost(k: int, rows: int) -> float:
-        if k == 1 and sim.now >= 100 and len(lucky) < 2:
+        if k == 1 and sim.now >= 100 and len(lucky) < lucky_samples:
             lucky.append(sim.now)
             return ratio[k] / 2
         return ratio[k]
@@ -413,12 +413,27 @@ def test_a_probe_that_measured_well_by_chance_holds_the_choice_a_few_steps_only(
     sim = Simulated([0.3] * 3, cost, seed=1)
     policy = AdaptiveSpeculation(3)
     ks = []
-    for sim.now in range(300):
+    for sim.now in range(steps):
         sim.step(policy, 16)
         ks.append(policy._observed)
-    after = ks[lucky[-1] + 1:]
-    assert after[:policy.CONFIRM + 4].count(1) >= policy.CONFIRM - 1    # it led ...
-    assert after[policy.CONFIRM + 4:].count(1) <= 4, after              # ... briefly
+    return policy, ks, lucky
+
+
+def test_a_probe_that_measured_well_by_chance_does_not_displace_the_better_k():
+    """A cost is the median of its last five samples, not its last probe's two: one
+    lucky probe of K=1 leaves K=0 chosen."""
+    policy, ks, lucky = _lucky_k1(2, 300)
+    assert len(lucky) == 2
+    assert ks[lucky[-1] + 1:].count(1) <= 4        # K=1's next probe, then the one after
+
+
+def test_a_k_that_displaced_another_is_confirmed_against_it():
+    """Two lucky probes of K=1 in a row (four of its five samples) make it lead; CONFIRM
+    steps on, the K it displaced runs again, for two steps, against K=1's steps since."""
+    policy, ks, lucky = _lucky_k1(4, 400)
+    led = lucky[-1] + 1                             # the step after the second probe
+    assert ks[led:led + policy.CONFIRM] == [1] * policy.CONFIRM, ks[led:led + 12]
+    assert ks[led + policy.CONFIRM:led + policy.CONFIRM + 2] == [0, 0], ks[led:led + 12]
 
 
 def test_a_steady_batch_computes_its_rates_once_every_refresh_steps():
