@@ -234,9 +234,9 @@ class AdaptiveSpeculation(Speculation):
         return k
 
     def _lead(self, best: int, bucket: int, step: int) -> None:
-        """`best` leads the bucket. One that displaced another was chosen because its
-        last probe measured well (or the other's badly): the K it displaced is probed
-        again CONFIRM steps on, against the new leader's steps around it."""
+        """`best` leads the bucket. One that displaced another may have done so by a
+        chance measurement: the K it displaced is probed again CONFIRM steps on, against
+        the new leader's steps around it."""
         leader = self._leader.get(bucket)
         if leader is not None and leader != best:
             self._confirming[bucket] = (leader, step + self.CONFIRM)
