@@ -192,7 +192,8 @@ class AdaptiveSpeculation(Speculation):
         self._confirming: dict[int, tuple[int, int]] = {}  # per bucket: (K, due step)
         self._speed: deque[float] = deque(maxlen=3)  # the best's last seconds / its cost
         self._observed: int | None = None          # the K of the step observed last
-        self._kept: tuple[tuple[int, bool], int, dict[int, float]] | None = None  # _rates
+        # _rates: ((rows, left given), steps served, the rates) of the last computation
+        self._served: tuple[tuple[int, bool], int, dict[int, float]] | None = None
 
     def choose(self, rows: Sequence[Acceptance],
                left: Sequence[float] | None = None) -> int:
@@ -265,10 +266,10 @@ class AdaptiveSpeculation(Speculation):
         no cost is measured: the acceptance and the tokens left move little in a few
         steps, and the machine's speed scales every K's rate alike."""
         key = (len(rows), left is None)
-        if self._kept is None or self._kept[0] != key or self._kept[1] >= self.REFRESH:
-            self._kept = (key, 0, self.rates(rows, left))
-        self._kept = (key, self._kept[1] + 1, self._kept[2])
-        return self._kept[2]
+        if self._served is None or self._served[0] != key or self._served[1] >= self.REFRESH:
+            self._served = (key, 0, self.rates(rows, left))
+        self._served = (key, self._served[1] + 1, self._served[2])
+        return self._served[2]
 
     def rates(self, rows: Sequence[Acceptance],
               left: Sequence[float] | None = None) -> dict[int, float]:
@@ -378,7 +379,7 @@ class AdaptiveSpeculation(Speculation):
             self._speed.append(seconds / cost.seconds)
         else:
             cost.samples.append(seconds / self._now())
-            self._kept = None
+            self._served = None
         self._rows.setdefault(bucket, deque(maxlen=9)).append(rows)
         self._measured.add(k)
 
