@@ -13,7 +13,9 @@
               by ROW_PRIOR rows, so that a request with no drafts yet takes the common
               rate. Requests differ (a file of repeated code drafts well, prose less),
               and a batch is not the average request: the requests that keep the fewest
-              drafts are the ones still running at the end.
+              drafts are the ones still running at the end. ROW_PRIOR is a few rows:
+              a request that drafts worse than those before it is found out in its
+              first few fused steps, not carried on a dear K for tens of steps.
 
               While no request waits, a finished row's place stays empty and the
               batch lasts as long as its slowest row: the scheduler gives each row's
@@ -79,6 +81,7 @@ is).
 """
 from __future__ import annotations
 
+import operator
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -160,13 +163,28 @@ class _Cost:
         return _median(self.samples)
 
 
+@dataclass
+class _Served:
+    """The rates computed for these rows (the requests' own acceptance, held so that a
+    finished request's is not mistaken for a new one's), and the steps they served."""
+
+    rows: tuple[Acceptance, ...]
+    drain: bool                       # priced for the batch's last row (left given)
+    rates: dict[int, float]
+    steps: int = 0
+
+    def serves(self, rows: Sequence[Acceptance], drain: bool) -> bool:
+        return drain == self.drain and len(rows) == len(self.rows) \
+            and all(map(operator.is_, rows, self.rows))
+
+
 class AdaptiveSpeculation(Speculation):
     """K chosen per step among 0..`max_k` (see the module docstring)."""
 
     name = "adaptive"
     DECAY = 0.999             # per row reaching a position: ~1000 rows of memory
     ROW_DECAY = 0.99          # a request's own: its last ~100 drafts per position
-    ROW_PRIOR = 16.0          # rows of the common rate in a request's own
+    ROW_PRIOR = 4.0           # rows of the common rate in a request's own
     COMMON_PRIOR = 4.0        # rows of the position before's rate in a deeper one's
     FIRST_RATE = 0.5          # the acceptance assumed before any draft was verified
     SLACK = 0.2               # a K this far below the best rate ...
@@ -192,8 +210,7 @@ class AdaptiveSpeculation(Speculation):
         self._confirming: dict[int, tuple[int, int]] = {}  # per bucket: (K, due step)
         self._speed: deque[float] = deque(maxlen=3)  # the best's last seconds / its cost
         self._observed: int | None = None          # the K of the step observed last
-        # _rates: ((rows, left given), steps served, the rates) of the last computation
-        self._served: tuple[tuple[int, bool], int, dict[int, float]] | None = None
+        self._served: _Served | None = None        # the rates of the last computation
 
     def choose(self, rows: Sequence[Acceptance],
                left: Sequence[float] | None = None) -> int:
@@ -262,14 +279,18 @@ class AdaptiveSpeculation(Speculation):
 
     def _rates(self, rows: Sequence[Acceptance],
                left: Sequence[float] | None) -> dict[int, float]:
-        """rates(rows, left), kept for REFRESH steps while the steps have as many rows and
-        no cost is measured: the acceptance and the tokens left move little in a few
-        steps, and the machine's speed scales every K's rate alike."""
-        key = (len(rows), left is None)
-        if self._served is None or self._served[0] != key or self._served[1] >= self.REFRESH:
-            self._served = (key, 0, self.rates(rows, left))
-        self._served = (key, self._served[1] + 1, self._served[2])
-        return self._served[2]
+        """rates(rows, left), kept for REFRESH steps while the steps have the same rows
+        and no cost is measured: a request's acceptance and tokens left move little in a
+        few steps, and the machine's speed scales every K's rate alike. A request that
+        joins (or another in a finished one's place) has its own acceptance: computed
+        again."""
+        served = self._served
+        if served is None or not served.serves(rows, left is None) \
+                or served.steps >= self.REFRESH:
+            served = self._served = _Served(tuple(rows), left is None,
+                                            self.rates(rows, left))
+        served.steps += 1
+        return served.rates
 
     def rates(self, rows: Sequence[Acceptance],
               left: Sequence[float] | None = None) -> dict[int, float]:
@@ -355,14 +376,14 @@ class AdaptiveSpeculation(Speculation):
         return out
 
     def _common(self) -> list[float]:
-        """The common rate at each draft position (the first FIRST_RATE until a row
-        reaches it). A deeper position is reached only by rows that kept every draft
-        before it, so its count grows slowly: it is drawn toward the position before's
-        rate by COMMON_PRIOR rows, lest its first row or two (all kept, or none) decide
-        whether a deeper K pays."""
+        """The common rate at each draft position, drawn toward the position before's
+        rate (the first toward FIRST_RATE) by COMMON_PRIOR rows, lest its first row or
+        two (all kept, or none) decide whether a K pays: at 1 row a draft or two is all
+        the first steps see, and a deeper position is reached only by rows that kept
+        every draft before it, so its count grows slowly."""
         out, rate = [], self.FIRST_RATE
         for j in range(self.k):
-            rate = self.acceptance.rate(j, rate, self.COMMON_PRIOR if j else 0.0)
+            rate = self.acceptance.rate(j, rate, self.COMMON_PRIOR)
             out.append(rate)
         return out
 
