@@ -75,9 +75,9 @@ Host work. Pricing a drain is the policy's dearest work (per K, every row's toke
 the rates serve REFRESH steps of as many rows while no cost is measured, as acceptance
 and tokens left move little in a few steps and the machine's speed scales every K alike.
 
-A caught-up slot keeps the streams of its last fused step, so the first fused step after
-a K=0 one drafts from older streams: its acceptance is not counted (a probe's second step
-is).
+A caught-up slot keeps the streams of its last fused step, so a request's first fused step
+after a K=0 step that ran it drafts from older streams: that row's acceptance is not
+counted (its next step's is; a new request's first is, its slot filled by its prefill).
 """
 from __future__ import annotations
 
@@ -97,6 +97,9 @@ class Acceptance:
 
     reached: list[float] = field(default_factory=list)
     kept: list[float] = field(default_factory=list)
+    # a request's: a K=0 step ran it since its last fused one, so its MTP slot's streams
+    # are older than its tail and its next first draft is kept less (not counted)
+    behind: bool = False
 
     def rate(self, j: int, prior: float, weight: float = 0.0) -> float:
         """How often position j's draft is kept when reached, drawn toward `prior` by
@@ -146,7 +149,8 @@ class Speculation:
     def observe(self, k: int, rows: int, seconds: float | None,
                 drafts: Sequence[tuple[Acceptance, int]]) -> None:
         """A decode step ran: K, its rows, its seconds (None: it also prefilled), and for
-        each row that drafted K tokens, its request's acceptance and the drafts kept."""
+        each row that drafted K tokens, its request's acceptance and the drafts kept (at
+        K=0 every row, none drafted and none kept)."""
 
 
 @dataclass
@@ -389,8 +393,7 @@ class AdaptiveSpeculation(Speculation):
 
     def observe(self, k: int, rows: int, seconds: float | None,
                 drafts: Sequence[tuple[Acceptance, int]]) -> None:
-        if self._observed != 0 or not k:    # not the first fused step after a K=0 one
-            self._count(k, drafts)
+        self._count(k, drafts)
         self._observed = k
         if seconds is None or rows <= 0:
             return
@@ -405,8 +408,17 @@ class AdaptiveSpeculation(Speculation):
         self._measured.add(k)
 
     def _count(self, k: int, drafts: Sequence[tuple[Acceptance, int]]) -> None:
+        """Each row's drafts kept into its own acceptance and the common one; a row a
+        K=0 step ran is marked behind, and its next fused step is not counted."""
+        if not k:
+            for row, _ in drafts:
+                row.behind = True
+            return
         reached, kept = [0] * k, [0] * k
         for row, accepted in drafts:
+            if row.behind:
+                row.behind = False
+                continue
             row.add_row(k, accepted, self.ROW_DECAY)
             for j in range(min(accepted + 1, k)):
                 reached[j] += 1

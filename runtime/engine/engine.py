@@ -341,11 +341,12 @@ class Engine:
     def _observe(self, out: SchedulerOutput, results: dict[Request, StepResult],
                  seconds: float | None) -> None:
         """Tell the speculation policy what a decode step cost (`seconds`: None when it
-        also prefilled) and how many drafts each of its rows kept."""
+        also prefilled) and how many drafts each of its rows kept (at K=0: none, and the
+        policy learns which rows' MTP slots fall behind)."""
         k = self.k if out.k is None else out.k
         rows = [r for launch in out.decode for r in launch]
         drafts = [(r.acceptance, results[r].accepted) for r in rows
-                  if k and r in results and results[r].drafted == k]
+                  if r in results and results[r].drafted == k]
         self.stats.decode_steps_by_k[k] += 1
         per_position = self.stats.accepted_per_position
         per_position.extend([0] * (k - len(per_position)))

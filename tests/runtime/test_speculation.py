@@ -41,7 +41,7 @@ class Simulated:
             drafts.append((self.requests[i], a))
             tokens += a + 1
         seconds = self.cost(k, len(rows)) * (1 + self.noise * self.rng.uniform(-1, 1))
-        policy.observe(k, len(rows), seconds, drafts if k else [])
+        policy.observe(k, len(rows), seconds, drafts)
         return tokens, seconds
 
 
@@ -236,6 +236,20 @@ def test_a_request_below_the_common_rate_is_expected_below_it_where_it_never_dra
     assert policy._expected(hard)[2] == pytest.approx(1 + a1 + a1 * c2 * a1 / c1)
 
 
+def test_a_row_is_not_counted_at_its_first_fused_step_after_a_k0_step_that_ran_it():
+    """A K=0 step leaves its rows' MTP slots with older streams, so each of those rows'
+    next first draft is kept less: that one step is not counted, for those rows only. A
+    request that joins (its slot filled by its prefill) counts from its first step."""
+    policy = AdaptiveSpeculation(1)
+    old, new = Acceptance(), Acceptance()
+    policy.observe(0, 1, None, [(old, 0)])
+    policy.observe(1, 2, None, [(old, 0), (new, 1)])
+    assert (old.reached, new.reached, new.kept) == ([], [1.0], [1.0])
+    assert policy.acceptance.reached == [1.0]
+    policy.observe(1, 2, None, [(old, 0), (new, 1)])
+    assert old.reached == [1.0] and old.kept == [0.0]
+
+
 def test_acceptance_that_changes_is_followed():
     """Prompts that were easy to draft, then hard: the policy moves from K=3 to K=0."""
     policy = AdaptiveSpeculation(3)
@@ -283,7 +297,7 @@ def _closed_batch(policy, rates, cost, tokens: int, last: bool, seed: int = 0) -
             drafts.append((sim.requests[i], a))
             left[i] -= a + 1
         step = cost(k, len(rows))
-        policy.observe(k, len(rows), step, drafts if k else [])
+        policy.observe(k, len(rows), step, drafts)
         seconds += step
         left = {i: n for i, n in left.items() if n > 0}
     return len(rates) * tokens / seconds

@@ -106,6 +106,38 @@ def test_k_drafts_keep_greedy_output_through_chunks_preemption_and_hits(
     assert_all_free(engine)
 
 
+class Recording(Switching):
+    """Switching, and each step's report: K, rows, (request's acceptance, drafts kept)."""
+
+    DECAY = 1.0                                 # the common counts are plain counts
+
+    def __init__(self, max_k: int, seed: int):
+        super().__init__(max_k, seed)
+        self.steps: list[tuple[int, int, list]] = []
+
+    def observe(self, k, rows, seconds, drafts) -> None:
+        self.steps.append((k, rows, [(id(a), kept) for a, kept in drafts]))
+        super().observe(k, rows, seconds, drafts)
+
+
+def test_the_policy_counts_every_fused_row_but_the_first_after_its_k0_step(params, prompts):
+    """The engine reports every row of a K=0 step (none drafted, none kept), and the
+    policy counts each fused row's first draft unless a K=0 step ran that request since
+    its last fused step (its slot's streams older than its tail)."""
+    engine = _engine(params, 3, "compiled-eager", "adaptive")
+    policy = engine.scheduler.speculation = Recording(3, seed=7)
+    engine.generate(prompts[:4], GREEDY)
+    last: dict[int, int] = {}
+    counted = 0
+    for k, rows, drafts in policy.steps:
+        assert len(drafts) == rows
+        assert k or all(kept == 0 for _, kept in drafts)
+        counted += sum(1 for row, _ in drafts if k and last.get(row) != 0)
+        last.update((row, k) for row, _ in drafts)
+    assert {k for k, _, _ in policy.steps} == {0, 1, 2, 3}
+    assert 0 < policy.acceptance.reached[0] == counted
+
+
 def test_a_switch_of_k_never_recomputes(params, prompts, expected):
     """The same prefill launches as a plain run: a step that changes K reads the MTP
     state the step before left, whatever that step's K."""
