@@ -12,8 +12,11 @@ nothing.
                                       [--repeat 1] [--interleave]
 
 `--speculation` lists the MTP settings to run: K drafts every step (0: MTP off), or
-`adaptive` (--speculative-policy adaptive up to the spec's largest K). With more than
-one, a summary compares adaptive with the best fixed K at each concurrency, and the
+`adaptive` (--speculative-policy adaptive up to the spec's largest K). A setting given
+twice is a control: a second engine of the same setting ("K=1 again"), whose ratio to
+the first (printed after the table) is what the machine's noise alone makes of two equal
+settings. With more than one, a summary compares adaptive with the best fixed K at each
+concurrency (a control is not a candidate for the best), and the
 column "= K=0" counts the outputs identical to the first setting's (greedy: all of
 them, or a K's graphs are wrong). `--deep` runs the 16-layer model of specs/tiny-deep.yaml
 instead, its checkpoint built from --model by bench/deep_checkpoint.py (the embedded
@@ -54,6 +57,7 @@ from runtime.engine.engine import Engine  # noqa: E402
 from runtime.planning.admission import servable_ks  # noqa: E402
 from server.cli.spec_check import served  # noqa: E402
 
+AGAIN = " again"         # the label of a setting's copy (a control)
 HEADER = ("engine", "conc", "MTP", "tok/s", "vs HF", "disp/req", "steps", "step ms",
           "sched", "marshal", "kernel", "sample", "host %", "accept", "K chosen", "= K=0")
 
@@ -74,12 +78,17 @@ def prompts(n: int, length: int, model: Path) -> list[list[int]]:
     return [torch.randint(2, vocab, (length,), generator=gen).tolist() for _ in range(n)]
 
 
-def settings(spec: str, given: str) -> list[tuple[int, str]]:
-    """(K, policy) of each --speculation entry: a K, or "adaptive" (up to the spec's
-    largest servable K)."""
+def settings(spec: str, given: str) -> dict[str, tuple[int, str]]:
+    """(K, policy) of each --speculation entry by its label: a K, or "adaptive" (up to
+    the spec's largest servable K). An entry given twice is a control: its second
+    engine is labelled "... again"."""
     most = max(servable_ks(generated.load(spec).contract))
-    return [(most, "adaptive") if s == "adaptive" else (int(s), "fixed")
-            for s in given.split(",")]
+    out: dict[str, tuple[int, str]] = {}
+    for s in given.split(","):
+        setting = (most, "adaptive") if s == "adaptive" else (int(s), "fixed")
+        name = label(*setting)
+        out[name + AGAIN if name in out else name] = setting
+    return out
 
 
 def label(k: int, policy: str) -> str:
@@ -225,6 +234,11 @@ def _speculation_summary(rates: dict[tuple[str, int], dict[str, list[float]]]) -
     on the median figures; round by round, against each round's best; and paired, the
     median over rounds of adaptive over the best K of the same round."""
     for (backend, n), by in rates.items():
+        for copy, runs in by.items():
+            if copy.endswith(AGAIN):
+                _control(backend, n, copy.removesuffix(AGAIN), by[copy.removesuffix(AGAIN)],
+                         runs)
+        by = {mtp: r for mtp, r in by.items() if not mtp.endswith(AGAIN)}
         fixed = {mtp: r for mtp, r in by.items() if not mtp.startswith("adaptive")}
         adaptive = [(mtp, r) for mtp, r in by.items() if mtp.startswith("adaptive")]
         if not fixed or not adaptive:
@@ -241,6 +255,18 @@ def _speculation_summary(rates: dict[tuple[str, int], dict[str, list[float]]]) -
               f"{' (beats every fixed K)' if beats else ''}; round by round, against "
               f"that round's best: {', '.join(f'{x:.3f}x' for x in each)}; paired, "
               f"against {best}: median {paired[len(paired) // 2]:.3f}x")
+
+
+def _control(backend: str, n: int, mtp: str, runs: list[float], copies: list[float]) -> None:
+    """A setting against its copy (the same engine built twice, run in the same rounds):
+    the spread of the figures when nothing differs, the floor under any comparison."""
+    mid = sorted(runs)[len(runs) // 2]
+    again = sorted(copies)[len(copies) // 2]
+    paired = sorted(a / b for a, b in zip(copies, runs))
+    print(f"{backend}, concurrency {n}: control, {mtp} against its copy: {again:.1f} tok/s "
+          f"against {mid:.1f}: {again / mid:.3f}x; round by round: "
+          f"{', '.join(f'{a / b:.3f}x' for a, b in zip(copies, runs))}; paired: median "
+          f"{paired[len(paired) // 2]:.3f}x")
 
 
 def main() -> None:
@@ -302,8 +328,8 @@ def main() -> None:
     for executor, backend, cache in ((e, b, c) for e in args.executors.split(",")
                                      for b in backends for c in caches):
         name = backend + (" mp" if executor == "mp" else "") + (" fp8" if cache == "fp8" else "")
-        engines = {label(k, policy): build(args, backend, k, executor, cache, policy)
-                   for k, policy in settings(args.spec, args.speculation)}
+        engines = {name: build(args, backend, k, executor, cache, policy)
+                   for name, (k, policy) in settings(args.spec, args.speculation).items()}
         runs = rounds(engines, levels, args)
         for n in levels:
             first = None
