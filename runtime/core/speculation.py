@@ -188,7 +188,7 @@ class AdaptiveSpeculation(Speculation):
     name = "adaptive"
     DECAY = 0.999             # per row reaching a position: ~1000 rows of memory
     ROW_DECAY = 0.99          # a request's own: its last ~100 drafts per position
-    ROW_PRIOR = 4.0           # rows of the common rate in a request's own
+    ROW_PRIOR = 8.0           # rows of the common rate in a request's own
     COMMON_PRIOR = 4.0        # rows of the position before's rate in a deeper one's
     FIRST_RATE = 0.5          # the acceptance assumed before any draft was verified
     SLACK = 0.2               # a K this far below the best rate ...
