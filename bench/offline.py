@@ -248,12 +248,13 @@ def _speculation_summary(rates: dict[tuple[str, int], dict[str, list[float]]]) -
         mtp, runs = adaptive[0]
         rate = sorted(runs)[len(runs) // 2]
         beats = all(rate > r for r in mid.values())
-        each = [a / max(r[i] for r in fixed.values()) for i, a in enumerate(runs)]
+        tops = [max(fixed, key=lambda m: fixed[m][i]) for i in range(len(runs))]
+        each = [f"{a / fixed[top][i]:.3f}x ({top})" for i, (a, top) in enumerate(zip(runs, tops))]
         paired = sorted(a / b for a, b in zip(runs, fixed[best]))
         print(f"{backend}, concurrency {n}: {mtp} {rate:.1f} tok/s, best fixed {best} "
               f"{mid[best]:.1f}: {rate / mid[best]:.3f}x"
               f"{' (beats every fixed K)' if beats else ''}; round by round, against "
-              f"that round's best: {', '.join(f'{x:.3f}x' for x in each)}; paired, "
+              f"that round's best: {', '.join(each)}; paired, "
               f"against {best}: median {paired[len(paired) // 2]:.3f}x")
 
 
