@@ -13,9 +13,11 @@
               by ROW_PRIOR rows, so that a request with no drafts yet takes the common
               rate. Requests differ (a file of repeated code drafts well, prose less),
               and a batch is not the average request: the requests that keep the fewest
-              drafts are the ones still running at the end. ROW_PRIOR is a few rows:
-              a request that drafts worse than those before it is found out in its
-              first few fused steps, not carried on a dear K for tens of steps.
+              drafts are the ones still running at the end. ROW_PRIOR is 8 rows:
+              enough that a batch's slowest row is not misread from its first draws
+              (a drain follows the least of many estimates), few enough that a
+              request that drafts worse than those before it is found out within its
+              first dozen fused steps, not carried on a dear K for tens.
 
               While no request waits, a finished row's place stays empty and the
               batch lasts as long as its slowest row: the scheduler gives each row's
