@@ -9,7 +9,7 @@ nothing.
                                       [--long-prompt 16000] [--device cpu]
                                       [--executors uni,mp] [--kv-cache-dtypes auto,fp8]
                                       [--speculation 0,1,2,3,adaptive] [--deep]
-                                      [--repeat 1] [--interleave]
+                                      [--repeat 1] [--interleave] [--spread]
 
 `--speculation` lists the MTP settings to run: K drafts every step (0: MTP off), or
 `adaptive` (--speculative-policy adaptive up to the spec's largest K). A setting given
@@ -22,6 +22,10 @@ them, or a K's graphs are wrong). `--deep` runs the 16-layer model of specs/tiny
 instead, its checkpoint built from --model by bench/deep_checkpoint.py (the embedded
 model's layers, then layers that compute in full and pass their input on: the embedded
 model's outputs and acceptance at four times the depth).
+
+`--spread` gives request i of n max-tokens (i + 1) / n tokens, so that a batch drains
+from n rows to 1 as requests of mixed lengths do (the best K at n rows and at a few rows
+can differ: a fixed K holds one of them).
 
 `--repeat N` runs N rounds, each every setting at every concurrency in turn (in reverse
 order every other round), and reports the median round of each row: on a shared machine,
@@ -117,23 +121,32 @@ def _sync(device: str | None) -> None:
         torch.cuda.synchronize()
 
 
-def decode_row(engine: Engine, batch: list[list[int]], max_tokens: int) -> dict:
+def lengths(max_tokens: int, n: int, spread: bool) -> list[int]:
+    """The tokens each of `n` requests generates: `max_tokens` each, or spread (request i
+    of n: max_tokens (i + 1) / n), a batch that drains from n rows to 1 as requests of
+    mixed lengths do."""
+    return [max(1, max_tokens * (i + 1) // n) if spread else max_tokens for i in range(n)]
+
+
+def decode_row(engine: Engine, batch: list[list[int]], max_tokens: int | list[int]) -> dict:
     return decode_rows({"": engine}, batch, max_tokens)[""]
 
 
 def decode_rows(engines: dict[str, Engine], batch: list[list[int]],
-                max_tokens: int) -> dict[str, dict]:
-    """Each engine's figures for `batch`, the engines stepping in turn (one step of each,
-    then again) so that a shared machine's slow seconds fall on every engine alike;
-    each engine's seconds are its own steps'."""
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+                max_tokens: int | list[int]) -> dict[str, dict]:
+    """Each engine's figures for `batch` (each request generating `max_tokens`, or its
+    own of a list), the engines stepping in turn (one step of each, then again) so that
+    a shared machine's slow seconds fall on every engine alike; each engine's seconds are
+    its own steps'."""
+    each = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(batch)
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in each]
     ids, seconds, final = {}, dict.fromkeys(engines, 0.0), {name: {} for name in engines}
     for name, engine in engines.items():
         engine.generate(batch[:2], SamplingParams(temperature=0, max_tokens=4))  # first use
         engine.executor.timing.__init__()
         engine.stats.__init__()
         engine.executor.dispatches.clear()
-        ids[name] = [engine.add_request(p, params).request_id for p in batch]
+        ids[name] = [engine.add_request(p, q).request_id for p, q in zip(batch, params)]
     running = list(engines)
     while running:
         for name in list(running):
@@ -214,13 +227,13 @@ def rounds(engines: dict[str, Engine], levels: list[int], args) -> dict[tuple[st
     for i in range(args.repeat):
         for n in levels:
             batch = prompts(n, args.prompt_len, args.model)
+            tokens = lengths(args.max_tokens, n, args.spread)
             order = list(engines.items())[::-1 if i % 2 else 1]
             if args.interleave:
-                together = decode_rows(dict(order), batch, args.max_tokens)
+                together = decode_rows(dict(order), batch, tokens)
             for mtp, engine in order:
                 runs.setdefault((mtp, n), []).append(
-                    together[mtp] if args.interleave
-                    else decode_row(engine, batch, args.max_tokens))
+                    together[mtp] if args.interleave else decode_row(engine, batch, tokens))
     return runs
 
 
@@ -294,7 +307,12 @@ def main() -> None:
                              "in turn, each timed by its own steps' seconds")
     parser.add_argument("--deep", action="store_true",
                         help="the 16-layer model of specs/tiny-deep.yaml, built from --model")
+    parser.add_argument("--spread", action="store_true",
+                        help="request i of n generates max-tokens (i + 1) / n tokens: the "
+                             "batch drains from n rows to 1 (requires --no-transformers)")
     args = parser.parse_args()
+    if args.spread and not args.no_transformers:
+        parser.error("--spread compares the engine's settings only: add --no-transformers")
     if args.deep:
         from bench.deep_checkpoint import build as build_deep
 
@@ -303,9 +321,11 @@ def main() -> None:
         args.model = build_deep(args.model, cache_dir() / "checkpoints" / args.spec, layers)
     levels = [int(c) for c in args.concurrency.split(",")]
     backends = args.backends.split(",")
-    print(f"spec {args.spec}, {args.model}, prompt {args.prompt_len} tokens, {args.max_tokens} "
-          f"generated, greedy, {torch.get_num_threads()} CPU threads, device "
-          f"{args.device or 'the spec default'}", flush=True)
+    print(f"spec {args.spec}, {args.model}, prompt {args.prompt_len} tokens, "
+          f"{'up to ' if args.spread else ''}{args.max_tokens} generated"
+          f"{' (request i of n: (i + 1) / n of it)' if args.spread else ''}, greedy, "
+          f"{torch.get_num_threads()} CPU threads, device {args.device or 'the spec default'}",
+          flush=True)
     hf_tps: dict[int, float] = {}
     if not args.no_transformers:
         from bench.transformers_baseline import load_transformers
