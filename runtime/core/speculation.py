@@ -74,7 +74,7 @@ K it displaced is probed again, against the new one's steps since, rather than a
 next probe, up to 4x48 steps on.
 
 Host work. Pricing a drain is the policy's dearest work (per K, every row's tokens left):
-the rates serve REFRESH steps of as many rows while no cost is measured, as acceptance
+the rates serve REFRESH steps of the same rows while no cost is measured, as acceptance
 and tokens left move little in a few steps and the machine's speed scales every K alike.
 
 A caught-up slot keeps the streams of its last fused step, so a request's first fused step
