@@ -91,6 +91,8 @@ def settings(spec: str, given: str) -> dict[str, tuple[int, str]]:
     for s in given.split(","):
         setting = (most, "adaptive") if s == "adaptive" else (int(s), "fixed")
         name = label(*setting)
+        if name + AGAIN in out:
+            raise SystemExit(f"--speculation: {s} given more than twice (one control each)")
         out[name + AGAIN if name in out else name] = setting
     return out
 
