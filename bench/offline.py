@@ -10,6 +10,7 @@ nothing.
                                       [--executors uni,mp] [--kv-cache-dtypes auto,fp8]
                                       [--speculation 0,1,2,3,adaptive] [--deep]
                                       [--repeat 1] [--interleave] [--spread]
+                                      [--requests N]
 
 `--speculation` lists the MTP settings to run: K drafts every step (0: MTP off), or
 `adaptive` (--speculative-policy adaptive up to the spec's largest K). A setting given
@@ -26,6 +27,12 @@ model's outputs and acceptance at four times the depth).
 `--spread` gives request i of n max-tokens (i + 1) / n tokens, so that a batch drains
 from n rows to 1 as requests of mixed lengths do (the best K at n rows and at a few rows
 can differ: a fixed K holds one of them).
+
+`--requests N` runs N requests (N different prompts, in turn) at each concurrency c, at
+most c in flight: one ends, the next starts, as `vllm bench serve --max-concurrency c
+--num-prompts N` does. Prompts differ in how well they draft (the embedded model keeps
+all of a held-out file's drafts and half of another's): one request at concurrency 1
+measures one prompt's best K, N of them a mix's.
 
 `--repeat N` runs N rounds, each every setting at every concurrency in turn (in reverse
 order every other round), and reports the median round of each row: on a shared machine,
@@ -130,25 +137,29 @@ def lengths(max_tokens: int, n: int, spread: bool) -> list[int]:
     return [max(1, max_tokens * (i + 1) // n) if spread else max_tokens for i in range(n)]
 
 
-def decode_row(engine: Engine, batch: list[list[int]], max_tokens: int | list[int]) -> dict:
-    return decode_rows({"": engine}, batch, max_tokens)[""]
+def decode_row(engine: Engine, batch: list[list[int]], max_tokens: int | list[int],
+               concurrency: int | None = None) -> dict:
+    return decode_rows({"": engine}, batch, max_tokens, concurrency)[""]
 
 
 def decode_rows(engines: dict[str, Engine], batch: list[list[int]],
-                max_tokens: int | list[int]) -> dict[str, dict]:
+                max_tokens: int | list[int], concurrency: int | None = None) -> dict[str, dict]:
     """Each engine's figures for `batch` (each request generating `max_tokens`, or its
-    own of a list), the engines stepping in turn (one step of each, then again) so that
-    a shared machine's slow seconds fall on every engine alike; each engine's seconds are
-    its own steps'."""
+    own of a list), at most `concurrency` requests in flight (a closed loop: one ends,
+    the next in `batch` starts; None: all at once), the engines stepping in turn (one
+    step of each, then again) so that a shared machine's slow seconds fall on every
+    engine alike; each engine's seconds are its own steps'."""
     each = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(batch)
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in each]
-    ids, seconds, final = {}, dict.fromkeys(engines, 0.0), {name: {} for name in engines}
+    width = concurrency or len(batch)
+    ids = {name: [] for name in engines}
+    seconds, final = dict.fromkeys(engines, 0.0), {name: {} for name in engines}
     for name, engine in engines.items():
         engine.generate(batch[:2], SamplingParams(temperature=0, max_tokens=4))  # first use
         engine.executor.timing.__init__()
         engine.stats.__init__()
         engine.executor.dispatches.clear()
-        ids[name] = [engine.add_request(p, q).request_id for p, q in zip(batch, params)]
+        _admit(engine, ids[name], batch, params, width)
     running = list(engines)
     while running:
         for name in list(running):
@@ -158,10 +169,18 @@ def decode_rows(engines: dict[str, Engine], batch: list[list[int]],
             _sync(engine.config.device)
             seconds[name] += time.perf_counter() - start
             final[name].update((o.request_id, o) for o in outputs if o.finished)
+            _admit(engine, ids[name], batch, params, width - len(ids[name]) + len(final[name]))
             if not engine.has_unfinished():
                 running.remove(name)
     return {name: _figures(engine, [final[name][i] for i in ids[name]], seconds[name])
             for name, engine in engines.items()}
+
+
+def _admit(engine: Engine, ids: list[str], batch: list[list[int]],
+           params: list[SamplingParams], room: int) -> None:
+    """Add up to `room` of the requests of `batch` not yet added (their ids to `ids`)."""
+    for p, q in list(zip(batch, params))[len(ids):len(ids) + max(room, 0)]:
+        ids.append(engine.add_request(p, q).request_id)
 
 
 def _figures(engine: Engine, outputs: list, seconds: float) -> dict:
@@ -228,14 +247,15 @@ def rounds(engines: dict[str, Engine], levels: list[int], args) -> dict[tuple[st
     runs: dict[tuple[str, int], list[dict]] = {}
     for i in range(args.repeat):
         for n in levels:
-            batch = prompts(n, args.prompt_len, args.model)
-            tokens = lengths(args.max_tokens, n, args.spread)
+            count = max(n, args.requests or n)
+            batch = prompts(count, args.prompt_len, args.model)
+            tokens = lengths(args.max_tokens, count, args.spread)
             order = list(engines.items())[::-1 if i % 2 else 1]
             if args.interleave:
-                together = decode_rows(dict(order), batch, tokens)
+                together = decode_rows(dict(order), batch, tokens, n)
             for mtp, engine in order:
                 runs.setdefault((mtp, n), []).append(
-                    together[mtp] if args.interleave else decode_row(engine, batch, tokens))
+                    together[mtp] if args.interleave else decode_row(engine, batch, tokens, n))
     return runs
 
 
@@ -312,7 +332,12 @@ def main() -> None:
     parser.add_argument("--spread", action="store_true",
                         help="request i of n generates max-tokens (i + 1) / n tokens: the "
                              "batch drains from n rows to 1 (requires --no-transformers)")
+    parser.add_argument("--requests", type=int, default=None,
+                        help="requests per concurrency, at most that many in flight (one "
+                             "ends, the next starts); default: the concurrency, all at once")
     args = parser.parse_args()
+    if args.requests and not args.no_transformers:
+        parser.error("--requests compares the engine's settings only: add --no-transformers")
     if args.spread and not args.no_transformers:
         parser.error("--spread compares the engine's settings only: add --no-transformers")
     if args.deep:
@@ -325,7 +350,8 @@ def main() -> None:
     backends = args.backends.split(",")
     print(f"spec {args.spec}, {args.model}, prompt {args.prompt_len} tokens, "
           f"{'up to ' if args.spread else ''}{args.max_tokens} generated"
-          f"{' (request i of n: (i + 1) / n of it)' if args.spread else ''}, greedy, "
+          f"{' (request i of n: (i + 1) / n of it)' if args.spread else ''}"
+          f"{f', {args.requests} requests per concurrency' if args.requests else ''}, greedy, "
           f"{torch.get_num_threads()} CPU threads, device {args.device or 'the spec default'}",
           flush=True)
     hf_tps: dict[int, float] = {}
