@@ -3,18 +3,25 @@ contract's KernelABI objects (contract/abi.py says what an argument's role, dtyp
 shape mean); kernels.py.j2 writes them out as generated/<spec>/kernels.py."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from codegen.plan import Plan, PoolPlan
 from contract.abi import MTP_SLOT_FIELDS, Arg, KernelABI
 
 
 def kernel_plans(plan: Plan) -> tuple[KernelABI, ...]:
-    """Every kernel of a spec: main prefill, MTP prefill, one decode per layout."""
+    """Every kernel of a spec: main prefill, MTP prefill, one decode per layout, and
+    with drafts to choose from, the K=0 layout again keeping the MTP slots (the adaptive
+    policy's K=0 steps: the MTP layer's window stays whole, see _decode_keeping)."""
     kernels = [_prefill_main(plan, plan.has_mtp)]
     if plan.has_mtp:
         kernels.append(_prefill_mtp(plan))
     for layout in plan.layouts:
         make = _decode_mtp if layout.k > 0 else _decode
         kernels.append(make(plan, layout.k, layout.batch, layout.seq, layout.kernel))
+    if plan.has_mtp and any(layout.k > 0 for layout in plan.layouts):
+        kernels += [_decode_keeping(plan, layout.batch, layout.kernel)
+                    for layout in plan.layouts if layout.k == 0]
     return tuple(kernels)
 
 
@@ -130,6 +137,17 @@ def _decode(plan: Plan, k: int, batch: int, seq: int, name: str) -> KernelABI:
     )
     doc = f"Decode B{batch}S{seq}: {batch} rows of {seq} token per rank, no speculation."
     return _kernel(plan, name, "decode", doc, batch, seq, k, args)
+
+
+def _decode_keeping(plan: Plan, batch: int, name: str) -> KernelABI:
+    """The plain decode as a fused one of no drafts: each row also writes the MTP
+    layer's sliding KV of the row before its tail (from its slot, as a first draft
+    would) and returns its streams, so its slot advances as after a fused step."""
+    abi = _decode_mtp(plan, 0, batch, 1, name + "_mtp")
+    doc = (f"Decode B{batch}S1 keeping the MTP slots (K=0 of a policy that drafts on other "
+           "steps): per row, the MTP layer's KV of the row before the tail from the "
+           "slot's state, then the main model on [tail]; no drafts.")
+    return replace(abi, doc=doc)
 
 
 def _decode_mtp(plan: Plan, k: int, batch: int, seq: int, name: str) -> KernelABI:

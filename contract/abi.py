@@ -151,10 +151,15 @@ class KernelABI:
         return any(EXTENT in a.shape for a in self.args)
 
     @property
+    def keeps_slots(self) -> bool:
+        """A K=0 decode that keeps the MTP slots (its rows write the MTP layer's window)."""
+        return self.kind == "decode_mtp" and self.k == 0
+
+    @property
     def class_name(self) -> str:
-        """The kernel's CamelCase name (PrefillMain, DecodeB4S2)."""
+        """The kernel's CamelCase name (PrefillMain, DecodeB4S2, DecodeB8S1Mtp)."""
         if self.seq is not None:
-            return f"DecodeB{self.rows}S{self.seq}"
+            return f"DecodeB{self.rows}S{self.seq}" + ("Mtp" if self.keeps_slots else "")
         return "".join(part.title() for part in self.name.split("_"))
 
     def by_role(self, role: str) -> tuple[Arg, ...]:

@@ -402,6 +402,83 @@ DECODE_B4S4 = KernelABI(
     groups=GROUPS, context_buckets=CONTEXT_BUCKETS, mtp_field=MtpField,
 )
 
+
+DECODE_B8S1_MTP = KernelABI(
+    spec="reference", name="decode_b8s1_mtp", kind="decode_mtp", rows=8, seq=1, k=0, doc="Decode "
+    "B8S1 keeping the MTP slots (K=0 of a policy that drafts on other steps): per row, the MTP "
+    "layer's KV of the row before the tail from the slot's state, then the main model on [tail]; "
+    "no drafts.",
+    args=(
+        Arg("slot_ids", "metadata", "int32", ("ranks", 8), "[ranks, batch]", staged=True,
+            doc="MTP state slot of each row; -1 marks an empty row"),
+        Arg("slot_gens", "metadata", "int64", ("ranks", 8), "[ranks, batch]", staged=True,
+            doc="expected slot generation; a row whose slot moved on is left untouched"),
+        Arg("draft_mask", "input", "int32", ("ranks", 8, 16), "[ranks, batch, ceil(vocab / 32)]",
+            staged=True, doc="tokens the first draft may take (bit t % 32 of word t // 32): a "
+            "constrained row's grammar mask at its tail; all bits set for the others"),
+        Arg("block_table_ori", "metadata", "int32", ("ranks", 8, 3), "[ranks, batch, 3]",
+            staged=True,
+            doc="rank-local ori block ids per row; -1 (the scratch page) past the last block"),
+        Arg("block_table_cmp_c128", "metadata", "int32", ("ranks", 8, 128), "[ranks, batch, 128]",
+            staged=True, doc="rank-local cmp_c128 block ids per row; -1 (the scratch page) past "
+            "the last block"),
+        Arg("block_table_cmp_c4", "metadata", "int32", ("ranks", 8, 128), "[ranks, batch, 128]",
+            staged=True,
+            doc="rank-local cmp_c4 block ids per row; -1 (the scratch page) past the last block"),
+        Arg("block_table_idx", "metadata", "int32", ("ranks", 8, 128), "[ranks, batch, 128]",
+            staged=True,
+            doc="rank-local idx block ids per row; -1 (the scratch page) past the last block"),
+        Arg("block_table_hca_state", "metadata", "int32", ("ranks", 8, 17), "[ranks, batch, 17]",
+            staged=True, doc="rank-local hca_state block ids per row; -1 (the scratch page) "
+            "past the last block"),
+        Arg("block_table_csa_state", "metadata", "int32", ("ranks", 8, 3), "[ranks, batch, 3]",
+            staged=True, doc="rank-local csa_state block ids per row; -1 (the scratch page) "
+            "past the last block"),
+        Arg("block_table_csa_inner_state", "metadata", "int32", ("ranks", 8, 3),
+            "[ranks, batch, 3]", staged=True, doc="rank-local csa_inner_state block ids per "
+            "row; -1 (the scratch page) past the last block"),
+        Arg("pool_ori", "pool", "float32", ("ranks", 5, "blocks", 128, 128),
+            "[ranks, layers, blocks + 1, rows, width]",
+            doc="sliding-window KV of every layer, the MTP layer included"),
+        Arg("pool_cmp_c128", "pool", "float32", ("ranks", 1, "blocks", 1, 128),
+            "[ranks, layers, blocks + 1, rows, width]",
+            doc="HCA compressed KV entries (ratio 128)"),
+        Arg("pool_cmp_c4", "pool", "float32", ("ranks", 2, "blocks", 32, 128),
+            "[ranks, layers, blocks + 1, rows, width]",
+            doc="CSA compressed KV entries (ratio 4)"),
+        Arg("pool_idx", "pool", "float32", ("ranks", 2, "blocks", 32, 64),
+            "[ranks, layers, blocks + 1, rows, width]",
+            doc="lightning-indexer compressed keys (ratio 4)"),
+        Arg("pool_hca_state", "pool", "float32", ("ranks", 1, "blocks", 8, 256),
+            "[ranks, layers, blocks + 1, rows, width]",
+            doc="C128 compressor state: pending kv and gate-score rows"),
+        Arg("pool_csa_state", "pool", "float32", ("ranks", 2, "blocks", 4, 512),
+            "[ranks, layers, blocks + 1, rows, width]",
+            doc="C4 compressor state: two overlapped windows of kv and gate-score rows"),
+        Arg("pool_csa_inner_state", "pool", "float32", ("ranks", 2, "blocks", 4, 256),
+            "[ranks, layers, blocks + 1, rows, width]",
+            doc="indexer compressor state: as csa_state at index_head_dim"),
+        Arg("mtp_slots", "pool", "int64", ("ranks", 17, 4), "[ranks, slots + 1, 4]", doc="per "
+            "slot: tail_token, tail_pos, committed, generation; the last slot is scratch"),
+        Arg("mtp_slot_hidden", "pool", "float32", ("ranks", 17, 4, 128),
+            "[ranks, slots + 1, hc_mult, hidden]",
+            doc="per slot: pre-hc_head streams of the row before the tail token"),
+        Arg("weights", "weight", None, (), "handle",
+            doc="loaded model weights; their fingerprint must match this spec's model"),
+        Arg("context", "scalar", None, (), "int", doc="positions the longest row reaches (its "
+            "position + seq): the decode graph of the smallest context bucket holding it serves "
+            "the launch"),
+        Arg("logits", "output", "float32", ("ranks", 8, 1, 512), "[ranks, batch, seq, vocab]",
+            doc="main-model logits of rows [tail, drafts...]"),
+        Arg("hidden", "output", "float32", ("ranks", 8, 1, 4, 128),
+            "[ranks, batch, seq, hc_mult, hidden]", doc="pre-hc_head streams of every row token"),
+        Arg("draft_ids", "output", "int64", ("ranks", 8, 0), "[ranks, batch, k]",
+            doc="the MTP drafts this step verified"),
+    ),
+    tile=TILE, max_extent=MAX_EXTENT, ranks=RANKS, backend=BACKEND, fingerprint=FINGERPRINT,
+    groups=GROUPS, context_buckets=CONTEXT_BUCKETS, mtp_field=MtpField,
+)
+
 KERNELS = {
     "prefill_main": PREFILL_MAIN,
     "prefill_mtp": PREFILL_MTP,
@@ -409,11 +486,21 @@ KERNELS = {
     "decode_b4s2": DECODE_B4S2,
     "decode_b4s3": DECODE_B4S3,
     "decode_b4s4": DECODE_B4S4,
+    "decode_b8s1_mtp": DECODE_B8S1_MTP,
 }
 
 # The decode kernel serving each K (speculative tokens per step).
 DECODE_BY_K = {
     0: DECODE_B8S1,
+    1: DECODE_B4S2,
+    2: DECODE_B4S3,
+    3: DECODE_B4S4,
+}
+
+# The same with the MTP slots kept at every K (a policy that chooses K per step): K=0
+# writes the MTP layer's window and advances the slots too.
+DECODE_KEEPING_SLOTS_BY_K = {
+    0: DECODE_B8S1_MTP,
     1: DECODE_B4S2,
     2: DECODE_B4S3,
     3: DECODE_B4S4,

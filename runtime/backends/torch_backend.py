@@ -139,12 +139,16 @@ def _live_rows(named: dict, field) -> list[tuple[int, int, int]]:
 def _draft(params: ModelParams, kernel: KernelABI, view: PoolView,
            rows: list[tuple[int, int, int]], tails: torch.Tensor, tail_pos: list[int],
            hidden: torch.Tensor, k: int, masks: torch.Tensor) -> torch.Tensor:
-    """K greedy drafts per row [rows, K] (K = 0: none, the block does not run); step i
-    runs the MTP block at position tail_pos - 1 + i on (streams, token), chaining the
-    block's own output streams and draft. The first draft takes only tokens its row's
-    mask [rows, ceil(V / 32)] allows."""
+    """K greedy drafts per row [rows, K] (K = 0: none, only the block's window row at
+    tail_pos - 1 is written); step i runs the MTP block at position tail_pos - 1 + i on
+    (streams, token), chaining the block's own output streams and draft. The first draft
+    takes only tokens its row's mask [rows, ceil(V / 32)] allows."""
     layer = params.args.mtp_layers[0]
     token, drafts = tails, []
+    if not k:
+        segments = [Segment(r, b, pos - 1, 1, i)
+                    for i, ((r, b, _), pos) in enumerate(zip(rows, tail_pos))]
+        mtp_write_kv(params, layer, hidden, tails, segments, view)
     for step in range(k):
         segments = [Segment(r, b, pos - 1 + step, 1, i)
                     for i, ((r, b, _), pos) in enumerate(zip(rows, tail_pos))]

@@ -37,12 +37,15 @@
               moment idle) does not decide the next hundred: one probe's two steps
               do not move it alone, two probes do.
 
-Every K is compiled ahead (the spec's decode layouts). A K=0 step is a plain one that
-leaves the MTP slots where they were; the next fused step catches each slot up from the
-host's tail and position (ModelRunner._catch_up), so a switch never recomputes. The
-engine reports each decode step (`observe`): its K, rows, each drafting row's drafts kept,
-and its seconds when the step was decode only (a prefill's time says nothing of a
-layout's cost).
+Every K is compiled ahead (the spec's decode layouts). A K=0 step runs the plain
+layout's kernel that keeps the MTP slots (DECODE_KEEPING_SLOTS_BY_K): each row writes the
+MTP layer's window row a first draft would and its slot moves on, so a switch never
+recomputes and a request drafts after plain steps as well as after fused ones (with the
+slots left behind, its drafts after a stretch of plain steps drew on a window with a
+hole in it: probes read a request's acceptance low and kept it on K=0). The engine
+reports each decode step (`observe`): its K, rows, each drafting row's drafts kept, and
+its seconds when the step was decode only (a prefill's time says nothing of a layout's
+cost).
 
 Exploration. Each K is measured once before any is chosen for its rate. A bucket of rows
 not seen before starts from its neighbour's costs: a K not yet run in it costs what it
@@ -76,10 +79,6 @@ next probe, up to 4x48 steps on.
 Host work. Pricing a drain is the policy's dearest work (per K, every row's tokens left):
 the rates serve REFRESH steps of the same rows while no cost is measured, as acceptance
 and tokens left move little in a few steps and the machine's speed scales every K alike.
-
-A caught-up slot keeps the streams of its last fused step, so a request's first fused step
-after a K=0 step that ran it drafts from older streams: that row's acceptance is not
-counted (its next step's is; a new request's first is, its slot filled by its prefill).
 """
 from __future__ import annotations
 
@@ -99,9 +98,6 @@ class Acceptance:
 
     reached: list[float] = field(default_factory=list)
     kept: list[float] = field(default_factory=list)
-    # a request's: a K=0 step ran it since its last fused one, so its MTP slot's streams
-    # are older than its tail and its next first draft is kept less (not counted)
-    behind: bool = False
 
     def rate(self, j: int, prior: float, weight: float = 0.0) -> float:
         """How often position j's draft is kept when reached, drawn toward `prior` by
@@ -410,17 +406,12 @@ class AdaptiveSpeculation(Speculation):
         self._measured.add(k)
 
     def _count(self, k: int, drafts: Sequence[tuple[Acceptance, int]]) -> None:
-        """Each row's drafts kept into its own acceptance and the common one; a row a
-        K=0 step ran is marked behind, and its next fused step is not counted."""
+        """Each row's drafts kept into its own acceptance and the common one (a K=0
+        step's rows drafted none)."""
         if not k:
-            for row, _ in drafts:
-                row.behind = True
             return
         reached, kept = [0] * k, [0] * k
         for row, accepted in drafts:
-            if row.behind:
-                row.behind = False
-                continue
             row.add_row(k, accepted, self.ROW_DECAY)
             for j in range(min(accepted + 1, k)):
                 reached[j] += 1

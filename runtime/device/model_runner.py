@@ -81,8 +81,10 @@ class ModelRunner:
 
     `checkpoint`: its tokenizer serves structured outputs; `defer_compile`: graphs not
     compiled yet run eagerly meanwhile (the backend's `defer`); `adaptive`: each step
-    brings its K (SchedulerOutput.k, 0..k) and launches that K's kernel, and a plain
-    (K=0) step moves the MTP slots on too, so that a switch never recomputes."""
+    brings its K (SchedulerOutput.k, 0..k) and launches that K's kernel, and its K=0
+    kernel keeps the MTP slots (DECODE_KEEPING_SLOTS_BY_K): the MTP layer's window and
+    each slot's tail and streams move on as after a fused step, so that a switch never
+    recomputes and a request's drafts after plain steps are as good as after fused ones."""
 
     def __init__(self, spec: ModuleType, params: ModelParams, blocks: dict[str, int], k: int,
                  backend: str, device: torch.device, ranks: int | None = None, *,
@@ -95,8 +97,8 @@ class ModelRunner:
         self.prefill = Launcher(spec.kernels.PREFILL_MAIN, device, backend, ranks=self.ranks)
         self.prefill_mtp = Launcher(spec.kernels.PREFILL_MTP, device, backend, ranks=self.ranks) \
             if k else None
-        self.decoders = {j: Launcher(spec.kernels.DECODE_BY_K[j], device, backend,
-                                     ranks=self.ranks)
+        by_k = spec.kernels.DECODE_KEEPING_SLOTS_BY_K if adaptive else spec.kernels.DECODE_BY_K
+        self.decoders = {j: Launcher(by_k[j], device, backend, ranks=self.ranks)
                          for j in (range(k + 1) if adaptive else (k,))}
         self.backend = self.prefill.backend       # every launcher's: one per name
         if defer_compile:
@@ -110,7 +112,6 @@ class ModelRunner:
                                params.args.vocab_size, device, self.masks, self.timing)
         self.mtp_slots = MtpSlotState(self.mtp, spec.pools.MtpField, spec.contract.MTP_WINDOW,
                                   device) if k else None
-        self._lagging: set[str] = set()      # requests whose slot a K=0 step left behind
 
     # -- the step --------------------------------------------------------------------
 
@@ -140,7 +141,6 @@ class ModelRunner:
         return results
 
     def forget(self, request_id: str) -> None:
-        self._lagging.discard(request_id)
         self.sampler.forget(request_id)
         self.masks.forget(request_id)
 
@@ -235,8 +235,6 @@ class ModelRunner:
         verifies."""
         ok = self.sampler.usable(requests, results)
         kept = requests if len(ok) == len(requests) else [requests[j] for j in ok]
-        if self._lagging:
-            self._catch_up(kept)
         tail_masks = self.masks.masks(kept)
         constrained = [] if tail_masks is None else list(zip(kept, step.rows(i, ok)))
         draft_mask = self.masks.draft_mask(self.inputs.decode_shape(decoder.kernel),
@@ -250,15 +248,6 @@ class ModelRunner:
                        out.draft_ids.flatten(0, 1)[flat],
                        tail_masks, out.hidden.view(-1, *out.hidden.shape[2:])[flat])
 
-    def _catch_up(self, requests: list[Request]) -> None:
-        """Slots that K=0 steps left behind take their request's tail and position from
-        the host (the streams stay those of the last fused step: see
-        MtpSlotState.catch_up)."""
-        behind = [r for r in requests if r.request_id in self._lagging]
-        if behind:
-            self.mtp_slots.catch_up(behind)
-            self._lagging.difference_update(r.request_id for r in behind)
-
     def _sample_decoded(self, decoded: list[Decoded | None], kernel,
                         results) -> list[Sampled]:
         """Every decode launch's rows sampled in one call; fused, verified in one call
@@ -269,8 +258,6 @@ class ModelRunner:
             return []
         step = Decoded.joined(parts)
         if kernel.kind != "decode_mtp":
-            if self.mtp_slots is not None:      # adaptive, a K=0 step: the slots lag
-                self._lagging.update(r.request_id for r in step.requests)
             return self.sampler.sample(step.requests, step.logits, results)
         sampled, accepted = self.sampler.verify(step.requests, step.logits, step.draft,
                                                 step.tail_masks, kernel.k)

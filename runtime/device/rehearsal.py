@@ -83,14 +83,19 @@ class Rehearsal:
     def launches(self, prefill_extent: int | None = None,
                  contexts: tuple[int, ...] | None = None) -> Iterator[Rehearsed]:
         """Every launch kind: each decode layout up to K at every context (default: the
-        spec's buckets) and its sampler, the main prefill of `prefill_extent` rows per slot
-        (default: the spec's max extent) at the deepest context, and the MTP prefill."""
-        c = self.spec.contract
+        spec's buckets) and its sampler (with K > 0, the K=0 layout's twin that keeps
+        the MTP slots too: an adaptive policy's plain steps), the main prefill of
+        `prefill_extent` rows per slot (default: the spec's max extent) at the deepest
+        context, and the MTP prefill."""
+        c, kernels = self.spec.contract, self.spec.kernels
+        keeping = getattr(kernels, "DECODE_KEEPING_SLOTS_BY_K", {}) if self.k else {}
         for k in sorted(c.DECODE_LAYOUTS):
             if k <= self.k:
-                for context in contexts or c.CONTEXT_BUCKETS:
-                    yield self.run(self.spec.kernels.DECODE_BY_K[k], context)
-                yield self.sample(self.spec.kernels.DECODE_BY_K[k])
+                for kernel in (kernels.DECODE_BY_K[k], *([keeping[0]] if k == 0 and keeping
+                                                         else [])):
+                    for context in contexts or c.CONTEXT_BUCKETS:
+                        yield self.run(kernel, context)
+                yield self.sample(kernels.DECODE_BY_K[k])
         yield self.run(self.spec.kernels.PREFILL_MAIN, self.deepest,
                        prefill_extent or c.MAX_EXTENT)
         if self.k:

@@ -341,8 +341,7 @@ class Engine:
     def _observe(self, out: SchedulerOutput, results: dict[Request, StepResult],
                  seconds: float | None) -> None:
         """Tell the speculation policy what a decode step cost (`seconds`: None when it
-        also prefilled) and how many drafts each of its rows kept (at K=0: none, and the
-        policy learns which rows' MTP slots fall behind)."""
+        also prefilled) and how many drafts each of its rows kept (at K=0: none)."""
         k = self.k if out.k is None else out.k
         rows = [r for launch in out.decode for r in launch]
         drafts = [(r.acceptance, results[r].accepted) for r in rows

@@ -148,7 +148,7 @@ def verify(logits: torch.Tensor, draft: torch.Tensor, rows: RowParams,
     mask at the tail and after each draft."""
     k = draft.shape[1]
     tokens = []
-    reached = torch.ones_like(draft[:, 0], dtype=torch.bool)    # drafts 0..j-1 all kept
+    reached = torch.ones(draft.shape[0], dtype=torch.bool, device=draft.device)  # 0..j-1 kept
     accepted = torch.zeros(draft.shape[0], dtype=torch.long, device=draft.device)
     sound = reached
     for j in range(k):

@@ -56,7 +56,12 @@ def test_contract_carries_the_new_shapes(alt):
     assert (c.RANKS, c.EP, c.MAX_EXTENT, c.SLOTS_PER_RANK) == (4, 4, 4096, 2)
     assert c.decode_layout(1).kernel == "decode_b8s2"
     assert sorted(alt.kernels.KERNELS) == ["decode_b4s3", "decode_b4s4", "decode_b8s1",
-                                            "decode_b8s2", "prefill_main", "prefill_mtp"]
+                                            "decode_b8s1_mtp", "decode_b8s2", "prefill_main",
+                                            "prefill_mtp"]
+    assert sorted(alt.kernels.DECODE_BY_K) == sorted(alt.kernels.DECODE_KEEPING_SLOTS_BY_K)
+    keeping = alt.kernels.DECODE_KEEPING_SLOTS_BY_K[0]
+    assert (keeping.kind, keeping.k, keeping.seq, keeping.rows) == ("decode_mtp", 0, 1, 8)
+    assert keeping.class_name == "DecodeB8S1Mtp"
     assert c.REQUEST_SLOTS_PER_RANK == 8 * 2  # batch x micro_batches
     assert c.CONTEXT_BUCKETS == (2048, 4096)
     assert (c.context_bucket(1), c.context_bucket(2049), c.context_bucket(4096)) == \

@@ -26,8 +26,11 @@ def test_every_launch_kind_runs_at_every_context(done):
     assert [d.error for d in done] == [None] * len(done)
     c = REF.contract
     decode = [(d.kernel, d.context) for d in done if d.kernel.startswith("decode")]
-    assert decode == [(c.DECODE_LAYOUTS[k].kernel, ctx) for k in sorted(c.DECODE_LAYOUTS)
-                      if k <= c.DEFAULT_NUM_SPECULATIVE_TOKENS for ctx in c.CONTEXT_BUCKETS]
+    assert c.DEFAULT_NUM_SPECULATIVE_TOKENS > 0          # so the K=0 twin that keeps slots
+    kernels = [name for k in sorted(c.DECODE_LAYOUTS) if k <= c.DEFAULT_NUM_SPECULATIVE_TOKENS
+               for name in (c.DECODE_LAYOUTS[k].kernel,
+                            *([c.DECODE_LAYOUTS[k].kernel + "_mtp"] if k == 0 else []))]
+    assert decode == [(name, ctx) for name in kernels for ctx in c.CONTEXT_BUCKETS]
     assert [d.kernel for d in done[-2:]] == ["prefill_main", "prefill_mtp"]
     assert [d.kernel for d in done if d.context == 0] == ["sample", "verify"]
 
@@ -96,8 +99,9 @@ def test_v4serve_rehearse_prints_a_line_per_launch_and_fails_on_none():
                            "--json"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     launches = [json.loads(line) for line in done.stdout.splitlines()]
-    assert [x["kernel"] for x in launches] == ["decode_b8s1", "sample", "decode_b4s2",
-                                               "verify", "prefill_main", "prefill_mtp"]
+    assert [x["kernel"] for x in launches] == ["decode_b8s1", "decode_b8s1_mtp", "sample",
+                                               "decode_b4s2", "verify", "prefill_main",
+                                               "prefill_mtp"]
     assert all(x["error"] is None and x["peak_bytes"] > 0 for x in launches)
 
 

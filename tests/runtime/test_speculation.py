@@ -236,18 +236,16 @@ def test_a_request_below_the_common_rate_is_expected_below_it_where_it_never_dra
     assert policy._expected(hard)[2] == pytest.approx(1 + a1 + a1 * c2 * a1 / c1)
 
 
-def test_a_row_is_not_counted_at_its_first_fused_step_after_a_k0_step_that_ran_it():
-    """A K=0 step leaves its rows' MTP slots with older streams, so each of those rows'
-    next first draft is kept less: that one step is not counted, for those rows only. A
-    request that joins (its slot filled by its prefill) counts from its first step."""
+def test_a_k0_step_counts_nothing_and_every_fused_row_counts():
+    """A K=0 step's rows drafted nothing; the next fused step counts each of its rows
+    (the K=0 step kept their MTP slots whole)."""
     policy = AdaptiveSpeculation(1)
     old, new = Acceptance(), Acceptance()
     policy.observe(0, 1, None, [(old, 0)])
+    assert old.reached == [] and policy.acceptance.reached == []
     policy.observe(1, 2, None, [(old, 0), (new, 1)])
-    assert (old.reached, new.reached, new.kept) == ([], [1.0], [1.0])
-    assert policy.acceptance.reached == [1.0]
-    policy.observe(1, 2, None, [(old, 0), (new, 1)])
-    assert old.reached == [1.0] and old.kept == [0.0]
+    assert (old.reached, old.kept, new.reached, new.kept) == ([1.0], [0.0], [1.0], [1.0])
+    assert policy.acceptance.reached == [2.0] and policy.acceptance.kept == [1.0]
 
 
 def test_acceptance_that_changes_is_followed():

@@ -120,22 +120,55 @@ class Recording(Switching):
         super().observe(k, rows, seconds, drafts)
 
 
-def test_the_policy_counts_every_fused_row_but_the_first_after_its_k0_step(params, prompts):
+def test_the_policy_counts_every_fused_row(params, prompts):
     """The engine reports every row of a K=0 step (none drafted, none kept), and the
-    policy counts each fused row's first draft unless a K=0 step ran that request since
-    its last fused step (its slot's streams older than its tail)."""
+    policy counts every fused row's drafts, the first after a K=0 step too (the K=0
+    step kept its slot: see the test below)."""
     engine = _engine(params, 3, "compiled-eager", "adaptive")
     policy = engine.scheduler.speculation = Recording(3, seed=7)
     engine.generate(prompts[:4], GREEDY)
-    last: dict[int, int] = {}
-    counted = 0
     for k, rows, drafts in policy.steps:
         assert len(drafts) == rows
         assert k or all(kept == 0 for _, kept in drafts)
-        counted += sum(1 for row, _ in drafts if k and last.get(row) != 0)
-        last.update((row, k) for row, _ in drafts)
+    counted = sum(len(drafts) for k, _, drafts in policy.steps if k)
     assert {k for k, _, _ in policy.steps} == {0, 1, 2, 3}
     assert 0 < policy.acceptance.reached[0] == counted
+
+
+class Scheduled(Recording):
+    """K=0 for the first `plain` decode steps, then `k` every step."""
+
+    def __init__(self, max_k: int, plain: int, k: int):
+        super().__init__(max_k, seed=0)
+        self.plain, self.k_after = plain, k
+
+    def choose(self, rows, left=None) -> int:
+        self.plain -= 1
+        return 0 if self.plain >= 0 else self.k_after
+
+
+@pytest.mark.parametrize("backend", ["torch", "compiled-eager"])
+def test_plain_steps_keep_the_mtp_window_whole(params, prompts, backend):
+    """Forty K=0 steps, then K=2: each step drafts and keeps what a request prefilled
+    with the prompt and those forty tokens does at K=2 from its first step. The K=0
+    steps wrote the MTP layer's window and moved the slot on as fused ones do (with the
+    window left with a hole over those forty positions, the drafts after them differ)."""
+    plain, fused = 40, 24
+    first = _engine(params, 3, backend, "adaptive", enable_prefix_caching=False)
+    scheduled = first.scheduler.speculation = Scheduled(3, plain, 2)
+    prompt = prompts[12]
+    params_long = SamplingParams(temperature=0, max_tokens=plain + 3 * fused + 4,
+                                 ignore_eos=True)          # room for `fused` whole steps
+    out = first.generate([prompt], params_long)[0].output_ids
+    second = _engine(params, 3, backend, "adaptive", enable_prefix_caching=False)
+    again = second.scheduler.speculation = Scheduled(3, 0, 2)
+    second.generate([prompt + out[:plain]], params_long)
+    after = [kept for k, _, drafts in scheduled.steps[plain:] for _, kept in drafts]
+    fresh = [kept for k, _, drafts in again.steps for _, kept in drafts]
+    assert [k for k, _, _ in scheduled.steps[:plain + 1]] == [0] * plain + [2]
+    assert len(after) > fused and after[:fused] == fresh[:fused]
+    assert 0 < sum(after[:fused]) < 2 * fused          # some drafts kept, not all
+    assert_all_free(first) and assert_all_free(second)
 
 
 def test_a_switch_of_k_never_recomputes(params, prompts, expected):

@@ -7,7 +7,7 @@ of its extent), and scattered back into the launcher's output buffers.
     decode       the launch's live rows, [N, seq]
     decode_mtp   the same; [tail, drafts] built on the device from the MTP slots, and a
                  row whose slot generation moved on is masked (length 0), its outputs
-                 left as they were
+                 left as they were (K=0: [tail], the MTP layer's window kept whole)
     prefill_main tile i of every chunk still going, [P, tile], for each tile i
     prefill_mtp  the slots with a window, [P, mtp_window]
 """
@@ -46,9 +46,9 @@ def decode(model: CompiledModel, kernel: KernelABI, args, index: torch.Tensor) -
 
 def decode_mtp(model: CompiledModel, kernel: KernelABI, args, index: torch.Tensor) -> None:
     """Per row of `index`: K greedy drafts from its slot's (hidden, tail) (K = 0: none,
-    the MTP layer does not run), then the main model on [tail, drafts]; logits, streams
-    and drafts of the live rows (a row whose slot is -1 or whose generation moved on
-    computes on scratch pages only)."""
+    only the MTP layer's window row of the tail's predecessor is written), then the main
+    model on [tail, drafts]; logits, streams and drafts of the live rows (a row whose
+    slot is -1 or whose generation moved on computes on scratch pages only)."""
     field, batch = kernel.mtp_field, args.slot_ids.shape[1]
     rank, slot = index // batch, _flat(args.slot_ids)[index].long()
     state = args.mtp_slots[rank, slot]                                     # [N, fields]
@@ -66,6 +66,9 @@ def decode_mtp(model: CompiledModel, kernel: KernelABI, args, index: torch.Tenso
             logits = logits.masked_fill(~allowed, float("-inf"))
         token = logits.argmax(-1)
         drafts.append(token)
+    if not k:                      # the window row a first draft writes, without the draft
+        model.mtp_kv(hidden[:, None], Call(tail[:, None], tail_pos - 1, live, rank,
+                                           {"ori": tables["ori"]}), pools["ori"])
     drafts = torch.stack(drafts, dim=1) if drafts else tail.new_zeros((len(tail), 0))
     call = Call(torch.cat((tail[:, None], drafts), dim=1), tail_pos, live * (k + 1), rank,
                 tables)
