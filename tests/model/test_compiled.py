@@ -111,10 +111,12 @@ class Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _decode_launch(params, k: int, live: int, backend: str):
-    """A decode launch of `live` rows on fresh scratch-only tables, ready to run."""
+def _decode_launch(params, k: int, live: int, backend: str, keeping: bool = False):
+    """A decode launch of `live` rows on fresh scratch-only tables, ready to run
+    (`keeping`: the K=0 twin that keeps the MTP slots)."""
     layout = C.DECODE_LAYOUTS[k]
-    wrapper = Launcher(REF.kernels.DECODE_BY_K[k], backend=backend)
+    kernel = REF.kernels.DECODE_KEEPING_SLOTS_BY_K[k] if keeping else REF.kernels.DECODE_BY_K[k]
+    wrapper = Launcher(kernel, backend=backend)
     driver = Driver(params)
     tables = {f"block_table_{g}": np.full((C.RANKS, layout.batch, t.shape[-1]), -1, np.int32)
               for g, t in driver.tables.items()}
@@ -123,7 +125,7 @@ def _decode_launch(params, k: int, live: int, backend: str):
             table[row % C.RANKS, row // C.RANKS, 0] = row // C.RANKS
     shape = (C.RANKS, layout.batch)
     common = dict(pools=driver.pools, weights=params, context=300, **tables)
-    if k:
+    if k or keeping:
         mtp = allocate_mtp_state(REF)
         slots = np.full(shape, -1, np.int32)
         for row in range(live):
@@ -168,6 +170,40 @@ def test_the_first_draft_takes_only_what_its_mask_allows(params, backend):
         words[r, b, token // 32] = np.uint32(1 << (token % 32)).view(np.int32)
     drafts = wrapper.launch(**kwargs).draft_ids
     assert {(r, b): int(drafts[r, b, 0]) for r, b in rows} == allowed
+
+
+def test_the_k0_twin_gives_the_plain_decode_graphs_the_same_layouts(params, monkeypatch):
+    """The K=0 kernel that keeps the MTP slots runs the main model through the plain
+    decode's graphs (one per layer and row width, compiled once): a compiled graph
+    checks its inputs' strides, so every graph the two share gets the same layouts."""
+    layouts: dict[str, dict[str, list]] = {}
+    run = Graphs.run
+
+    def record(self, key, fn, *args, **kwargs):
+        layouts[launch].setdefault(key, _strides(args))
+        return run(self, key, fn, *args, **kwargs)
+
+    monkeypatch.setattr(Graphs, "run", record)
+    for launch, keeping in (("plain", False), ("keeping", True)):
+        layouts[launch] = {}
+        wrapper, kwargs = _decode_launch(params, 0, 8, "compiled-eager", keeping)
+        wrapper.launch(**kwargs)
+    shared = set(layouts["plain"]) & set(layouts["keeping"])
+    assert any(key.startswith("block[") for key in shared)
+    assert "mtp_kv S=1" in set(layouts["keeping"]) - shared
+    assert {key: layouts["keeping"][key] for key in shared} == \
+        {key: layouts["plain"][key] for key in shared}
+
+
+def _strides(value) -> list:
+    """Every tensor's strides in the arguments, in order."""
+    if isinstance(value, torch.Tensor):
+        return [value.stride()]
+    if isinstance(value, dict):
+        return [s for name in sorted(value) for s in _strides(value[name])]
+    if isinstance(value, (list, tuple)):
+        return [s for item in value for s in _strides(item)]
+    return []
 
 
 def test_the_sync_detector_catches_a_sync(params):

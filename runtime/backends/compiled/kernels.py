@@ -69,6 +69,7 @@ def decode_mtp(model: CompiledModel, kernel: KernelABI, args, index: torch.Tenso
     if not k:                      # the window row a first draft writes, without the draft
         model.mtp_kv(hidden[:, None], Call(tail[:, None], tail_pos - 1, live, rank,
                                            {"ori": tables["ori"]}), pools["ori"])
+        tail_pos = tail_pos.contiguous()   # the plain decode's graphs: packed positions
     drafts = torch.stack(drafts, dim=1) if drafts else tail.new_zeros((len(tail), 0))
     call = Call(torch.cat((tail[:, None], drafts), dim=1), tail_pos, live * (k + 1), rank,
                 tables)
