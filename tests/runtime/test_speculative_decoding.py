@@ -168,7 +168,8 @@ def test_plain_steps_keep_the_mtp_window_whole(params, prompts, backend):
     assert [k for k, _, _ in scheduled.steps[:plain + 1]] == [0] * plain + [2]
     assert len(after) > fused and after[:fused] == fresh[:fused]
     assert 0 < sum(after[:fused]) < 2 * fused          # some drafts kept, not all
-    assert_all_free(first) and assert_all_free(second)
+    assert_all_free(first)
+    assert_all_free(second)
 
 
 def test_a_switch_of_k_never_recomputes(params, prompts, expected):
