@@ -85,6 +85,7 @@ class SchedulerOutput:
     # Decode launches; a request's row is its index among its rank's requests in the launch.
     decode: list[list[Request]] = field(default_factory=list)
     k: int | None = None          # the decode launches' drafts (None: the runner's K)
+    keep_slots: bool = True       # K=0 of a runner that switches K: the twin kernel runs
     prefill: list[PrefillChunk] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     fresh_blocks: dict[tuple[int, str], list[int]] = field(default_factory=dict)
@@ -209,6 +210,7 @@ class Scheduler:
         rows = [self._schedule_decode(rank, out, budget) for rank in range(self.config.ranks)]
         count = sum(map(len, rows))
         out.k = self._choose_k([r for rank in rows for r in rank]) if count else self.config.k
+        out.keep_slots = self.speculation.keep_slots
         out.decode = self._launches(rows, self.config.batch(out.k))
         used = [0] * self.config.ranks
         for rank in range(self.config.ranks):

@@ -37,15 +37,28 @@
               moment idle) does not decide the next hundred: one probe's two steps
               do not move it alone, two probes do.
 
-Every K is compiled ahead (the spec's decode layouts). A K=0 step runs the plain
-layout's kernel that keeps the MTP slots (DECODE_KEEPING_SLOTS_BY_K): each row writes the
-MTP layer's window row a first draft would and its slot moves on, so a switch never
-recomputes and a request drafts after plain steps as well as after fused ones (with the
-slots left behind, its drafts after a stretch of plain steps drew on a window with a
-hole in it: probes read a request's acceptance low and kept it on K=0). The engine
-reports each decode step (`observe`): its K, rows, each drafting row's drafts kept, and
-its seconds when the step was decode only (a prefill's time says nothing of a layout's
-cost).
+Every K is compiled ahead (the spec's decode layouts), and a K=0 step runs one of two
+kernels (`keep_slots`, set by each choice):
+
+    plain   the plain layout's: the MTP slots stay where they were; the next step that
+            drafts catches each slot up from the host's tail and position
+            (ModelRunner._catch_up), its streams those of its last fused step, and the
+            MTP layer's window keeps a hole over the plain steps
+    twin    the plain layout's twin that keeps the slots (DECODE_KEEPING_SLOTS_BY_K):
+            each row writes the window row a first draft would and its slot moves on,
+            so the drafts after it are as good as after fused ones; it costs more (at
+            64 rows of the embedded model, 47.7 ms to 42.8)
+
+so a switch never recomputes. K=0 runs plain, as a probe among drafting steps too (two
+steps: a two-row hole), except while it leads and a drafting step is due within WARM
+steps (a probe, a confirmation, a K not yet run in the bucket): the twin then fills the
+window's last rows, so that the probe drafts as a drafting request would (after a long
+plain stretch with nothing whole, a probe read a request's acceptance low and kept it on
+K=0). K=0's cost is the plain kernel's: a twin step's seconds are not measured. A row's
+first fused step after a plain one drafts from older streams: its drafts are not counted
+(Acceptance.behind). The engine reports each decode step (`observe`): its K, rows, each
+drafting row's drafts kept, and its seconds when the step was decode only (a prefill's
+time says nothing of a layout's cost).
 
 Exploration. Each K is measured once before any is chosen for its rate. A bucket of rows
 not seen before starts from its neighbour's costs: a K not yet run in it costs what it
@@ -98,6 +111,9 @@ class Acceptance:
 
     reached: list[float] = field(default_factory=list)
     kept: list[float] = field(default_factory=list)
+    # a request's: a plain K=0 step ran it last, so its MTP slot's streams are older
+    # than its tail and its next first draft is kept less (not counted)
+    behind: bool = False
 
     def rate(self, j: int, prior: float, weight: float = 0.0) -> float:
         """How often position j's draft is kept when reached, drawn toward `prior` by
@@ -133,6 +149,7 @@ class Speculation:
     """The fixed policy: K = `k` every step."""
 
     name = "fixed"
+    keep_slots = True        # a K=0 step (of K chosen per step) runs the twin kernel
 
     def __init__(self, k: int):
         self.k, self.ks = k, (k,)
@@ -145,10 +162,11 @@ class Speculation:
         return self.k
 
     def observe(self, k: int, rows: int, seconds: float | None,
-                drafts: Sequence[tuple[Acceptance, int]]) -> None:
+                drafts: Sequence[tuple[Acceptance, int]], twin: bool = False) -> None:
         """A decode step ran: K, its rows, its seconds (None: it also prefilled), and for
         each row that drafted K tokens, its request's acceptance and the drafts kept (at
-        K=0 every row, none drafted and none kept)."""
+        K=0 every row, none drafted and none kept); `twin`: a K=0 step that kept the
+        MTP slots."""
 
 
 @dataclass
@@ -195,6 +213,7 @@ class AdaptiveSpeculation(Speculation):
     FRESH = 8                 # steps of a new bucket before the K not run in it run
     CONFIRM = 4               # steps after a change of the best before the old is probed
     REFRESH = 4               # steps a choice's rates serve (see _rates)
+    WARM = 16                 # K=0 steps before a drafting one that keep the slots
 
     def __init__(self, max_k: int, probe_every: int = 48):
         super().__init__(max_k)
@@ -219,13 +238,16 @@ class AdaptiveSpeculation(Speculation):
         bucket = _bucket(len(rows))
         step = self._steps[bucket] = self._steps.get(bucket, 0) + 1
         unmeasured = [k for k in self.ks if k not in self._measured]
-        self._best = None
+        self._best, self.keep_slots = None, False
         if self._again is not None:
             k, self._again = self._again, None
         elif unmeasured:
             k = unmeasured[0]
         else:
-            k = self._pick(self._rates(rows, left), bucket, step)
+            rates = self._rates(rows, left)
+            k = self._pick(rates, bucket, step)
+            self.keep_slots = k == self._best == 0 and self._drafting_in(rates, bucket,
+                                                                          step) <= self.WARM
         self._cost(k, bucket).ran_at = step
         self.chosen[k] = self.chosen.get(k, 0) + 1
         return k
@@ -252,6 +274,18 @@ class AdaptiveSpeculation(Speculation):
         cost = self._cost(k, bucket)
         cost.wait = min(2 * cost.wait, self.MAX_WAIT * self.probe_every)
         return k
+
+    def _drafting_in(self, rates: dict[int, float], bucket: int, step: int) -> int:
+        """Steps of the bucket until a drafting K runs while K=0 leads: its probe, the
+        confirmation of the K it displaced, or a K not yet run in the bucket."""
+        due = [self._cost(k, bucket).ran_at + self._wait(k, bucket, rates, 0) - step
+               for k in self.ks if k]
+        if any(not self._cost(k, bucket).samples for k in self.ks if k):
+            due.append(self.FRESH + 1 - step)
+        pending = self._confirming.get(bucket)
+        if pending is not None and pending[0]:
+            due.append(pending[1] - step)
+        return min(due)
 
     def _lead(self, best: int, bucket: int, step: int) -> None:
         """`best` leads the bucket. One that displaced another may have done so by a
@@ -390,10 +424,10 @@ class AdaptiveSpeculation(Speculation):
         return out
 
     def observe(self, k: int, rows: int, seconds: float | None,
-                drafts: Sequence[tuple[Acceptance, int]]) -> None:
-        self._count(k, drafts)
+                drafts: Sequence[tuple[Acceptance, int]], twin: bool = False) -> None:
+        self._count(k, drafts, twin)
         self._observed = k
-        if seconds is None or rows <= 0:
+        if seconds is None or rows <= 0 or twin:
             return
         bucket = _bucket(rows)
         cost = self._cost(k, bucket)
@@ -405,13 +439,19 @@ class AdaptiveSpeculation(Speculation):
         self._rows.setdefault(bucket, deque(maxlen=9)).append(rows)
         self._measured.add(k)
 
-    def _count(self, k: int, drafts: Sequence[tuple[Acceptance, int]]) -> None:
+    def _count(self, k: int, drafts: Sequence[tuple[Acceptance, int]], twin: bool) -> None:
         """Each row's drafts kept into its own acceptance and the common one (a K=0
-        step's rows drafted none)."""
+        step's rows drafted none: a plain one leaves them behind, the twin brings them
+        level); a row behind is not counted (its drafts came from older streams)."""
         if not k:
+            for row, _ in drafts:
+                row.behind = not twin
             return
         reached, kept = [0] * k, [0] * k
         for row, accepted in drafts:
+            if row.behind:
+                row.behind = False
+                continue
             row.add_row(k, accepted, self.ROW_DECAY)
             for j in range(min(accepted + 1, k)):
                 reached[j] += 1

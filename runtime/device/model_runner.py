@@ -81,10 +81,11 @@ class ModelRunner:
 
     `checkpoint`: its tokenizer serves structured outputs; `defer_compile`: graphs not
     compiled yet run eagerly meanwhile (the backend's `defer`); `adaptive`: each step
-    brings its K (SchedulerOutput.k, 0..k) and launches that K's kernel, and its K=0
-    kernel keeps the MTP slots (DECODE_KEEPING_SLOTS_BY_K): the MTP layer's window and
-    each slot's tail and streams move on as after a fused step, so that a switch never
-    recomputes and a request's drafts after plain steps are as good as after fused ones."""
+    brings its K (SchedulerOutput.k, 0..k) and launches that K's kernel; at K=0 the
+    plain one, which leaves the MTP slots behind (caught up from the host by the next
+    step that keeps them), or with `keep_slots` its twin (DECODE_KEEPING_SLOTS_BY_K),
+    which moves the MTP layer's window and each slot's tail and streams on as a fused
+    step does: a switch never recomputes."""
 
     def __init__(self, spec: ModuleType, params: ModelParams, blocks: dict[str, int], k: int,
                  backend: str, device: torch.device, ranks: int | None = None, *,
@@ -97,9 +98,12 @@ class ModelRunner:
         self.prefill = Launcher(spec.kernels.PREFILL_MAIN, device, backend, ranks=self.ranks)
         self.prefill_mtp = Launcher(spec.kernels.PREFILL_MTP, device, backend, ranks=self.ranks) \
             if k else None
-        by_k = spec.kernels.DECODE_KEEPING_SLOTS_BY_K if adaptive else spec.kernels.DECODE_BY_K
-        self.decoders = {j: Launcher(by_k[j], device, backend, ranks=self.ranks)
+        self.decoders = {j: Launcher(spec.kernels.DECODE_BY_K[j], device, backend,
+                                     ranks=self.ranks)
                          for j in (range(k + 1) if adaptive else (k,))}
+        # K=0 that keeps the MTP slots (adaptive): the twin
+        self.twin = Launcher(spec.kernels.DECODE_KEEPING_SLOTS_BY_K[0], device, backend,
+                             ranks=self.ranks) if adaptive and k else None
         self.backend = self.prefill.backend       # every launcher's: one per name
         if defer_compile:
             self.backend.defer = True
@@ -112,6 +116,7 @@ class ModelRunner:
                                params.args.vocab_size, device, self.masks, self.timing)
         self.mtp_slots = MtpSlotState(self.mtp, spec.pools.MtpField, spec.contract.MTP_WINDOW,
                                   device) if k else None
+        self._lagging: set[str] = set()      # requests whose slot a plain step left behind
 
     # -- the step --------------------------------------------------------------------
 
@@ -125,7 +130,7 @@ class ModelRunner:
         self.inputs.update(out)
         page_copies.copy_pages(self.pools, out.restores, self.device)
         results: dict[Request, StepResult] = {}
-        decoder = self.decoders[self.k if out.k is None else out.k]
+        decoder = self._decoder(out)
         step = self.inputs.decode_step(out.decode, decoder.kernel)
         sampled = self._sample_decoded([self._decode(decoder, step, i, results)
                                         for i in range(len(step))], decoder.kernel, results)
@@ -140,7 +145,12 @@ class ModelRunner:
         results.update(to_host(sampled, self.max_logprobs))
         return results
 
+    def _decoder(self, out: SchedulerOutput) -> Launcher:
+        k = self.k if out.k is None else out.k
+        return self.twin if not k and out.keep_slots and self.twin else self.decoders[k]
+
     def forget(self, request_id: str) -> None:
+        self._lagging.discard(request_id)
         self.sampler.forget(request_id)
         self.masks.forget(request_id)
 
@@ -183,7 +193,7 @@ class ModelRunner:
             if self.k:
                 self.prefill_mtp.launch(mtp_hidden=out.mtp_hidden,
                                         **self.inputs.warm_prefill_mtp(live), **held)
-            for decoder in self.decoders.values():
+            for decoder in [*self.decoders.values(), *([self.twin] if self.twin else [])]:
                 kernel = decoder.kernel
                 drafts = dict(draft_mask=self.masks.draft_mask(self.inputs.decode_shape(kernel)),
                               mtp=self.mtp) if kernel.kind == "decode_mtp" else {}
@@ -235,6 +245,8 @@ class ModelRunner:
         verifies."""
         ok = self.sampler.usable(requests, results)
         kept = requests if len(ok) == len(requests) else [requests[j] for j in ok]
+        if self._lagging:
+            self._catch_up(kept)
         tail_masks = self.masks.masks(kept)
         constrained = [] if tail_masks is None else list(zip(kept, step.rows(i, ok)))
         draft_mask = self.masks.draft_mask(self.inputs.decode_shape(decoder.kernel),
@@ -248,6 +260,14 @@ class ModelRunner:
                        out.draft_ids.flatten(0, 1)[flat],
                        tail_masks, out.hidden.view(-1, *out.hidden.shape[2:])[flat])
 
+    def _catch_up(self, requests: list[Request]) -> None:
+        """Slots that plain steps left behind take their request's tail and position from
+        the host (MtpSlotState.catch_up)."""
+        behind = [r for r in requests if r.request_id in self._lagging]
+        if behind:
+            self.mtp_slots.catch_up(behind)
+            self._lagging.difference_update(r.request_id for r in behind)
+
     def _sample_decoded(self, decoded: list[Decoded | None], kernel,
                         results) -> list[Sampled]:
         """Every decode launch's rows sampled in one call; fused, verified in one call
@@ -258,6 +278,8 @@ class ModelRunner:
             return []
         step = Decoded.joined(parts)
         if kernel.kind != "decode_mtp":
+            if self.mtp_slots is not None:      # adaptive, a plain K=0 step: they lag
+                self._lagging.update(r.request_id for r in step.requests)
             return self.sampler.sample(step.requests, step.logits, results)
         sampled, accepted = self.sampler.verify(step.requests, step.logits, step.draft,
                                                 step.tail_masks, kernel.k)

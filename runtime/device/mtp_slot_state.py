@@ -8,7 +8,8 @@
 
 A slot is zeroed when it changes hands, filled when its request's prefill ends, and
 advanced by every decode step that keeps it: a fused one, which verifies its drafts, or
-a K=0 step of the kernel that keeps the slots (none drafted, none kept).
+a K=0 step of the kernel that keeps the slots (none drafted, none kept). A plain K=0
+step leaves it behind; the next step that keeps it catches it up first (`catch_up`).
 """
 from __future__ import annotations
 
@@ -73,6 +74,20 @@ class MtpSlotState:
         self.mtp.slots[rank, slot] = state
         self.mtp.hidden[rank, slot] = hidden[torch.arange(len(requests), device=self.device),
                                              accepted]
+
+    def catch_up(self, requests: list[Request]) -> None:
+        """Slots that plain K=0 steps left behind: the tail and its position from the
+        host, which knows them. The streams stay those of the slot's last step that kept
+        it, so the next first draft is made from older streams (verified as any draft:
+        the output is the same; it is kept less often)."""
+        f = self.field
+        rank, slot = self._rank_slot(requests)
+        n = len(requests)
+        state = np.fromiter((v for r in requests for v in (r.tail, r.num_tokens - 1,
+                                                            r.num_tokens)), np.int64, 3 * n)
+        columns = upload([f.TAIL_TOKEN, f.TAIL_POS, f.COMMITTED], self.device)
+        self.mtp.slots[rank[:, None], slot[:, None], columns] = \
+            upload(state.reshape(n, 3), self.device)
 
     def _rank_slot(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
         n = len(requests)

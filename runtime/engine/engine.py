@@ -341,7 +341,8 @@ class Engine:
     def _observe(self, out: SchedulerOutput, results: dict[Request, StepResult],
                  seconds: float | None) -> None:
         """Tell the speculation policy what a decode step cost (`seconds`: None when it
-        also prefilled) and how many drafts each of its rows kept (at K=0: none)."""
+        also prefilled) and how many drafts each of its rows kept (at K=0: none, and
+        whether the kernel that keeps the MTP slots ran)."""
         k = self.k if out.k is None else out.k
         rows = [r for launch in out.decode for r in launch]
         drafts = [(r.acceptance, results[r].accepted) for r in rows
@@ -352,7 +353,8 @@ class Engine:
         for _, accepted in drafts:
             for j in range(accepted):
                 per_position[j] += 1
-        self.scheduler.speculation.observe(k, len(rows), seconds, drafts)
+        self.scheduler.speculation.observe(k, len(rows), seconds, drafts,
+                                           twin=not k and out.keep_slots)
 
     def _count_drafts(self, request: Request, result: StepResult) -> None:
         request.draft_tokens += result.drafted

@@ -113,6 +113,7 @@ class Plan(msgspec.Struct, array_like=True, tag=True):
     extents: list[int]                      # the main prefill launches' over every rank
     forget: list[int]                       # handles of requests the engine forgot
     k: int | None = None                    # the decode launches' drafts (None: the K)
+    keep_slots: bool = True                 # at K=0: the kernel that keeps the MTP slots
 
 
 class Heartbeat(msgspec.Struct, array_like=True, tag=True):

@@ -121,7 +121,7 @@ class PlanWriter:
             saves=[self._save(s) for s in out.saves],
             restores=[_copy(c) for c in out.restores],
             snapshots=[self._save(s) for s in out.snapshots],
-            extents=extents, forget=gone, k=out.k)
+            extents=extents, forget=gone, k=out.k, keep_slots=out.keep_slots)
         plan.syncs = [s for s in self._syncs.values() if s is not None]
         data = self._encoder.encode(plan)
         for handle in gone:
@@ -257,7 +257,7 @@ class PlanReader:
         for ch in prefill:
             ch.request.num_computed = ch.start
         return SchedulerOutput(
-            decode=decode, k=plan.k, prefill=prefill,
+            decode=decode, k=plan.k, keep_slots=plan.keep_slots, prefill=prefill,
             fresh_blocks={(self._local(p.rank), p.group): p.ids for p in plan.fresh_blocks
                           if self._here(p.rank)},
             fresh_slots=[self._mirrors[h] for h in plan.fresh_slots if mine(h)],

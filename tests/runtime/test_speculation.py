@@ -7,7 +7,13 @@ import random
 
 import pytest
 
-from runtime.core.speculation import Acceptance, AdaptiveSpeculation, Speculation, make
+from runtime.core.speculation import (
+    Acceptance,
+    AdaptiveSpeculation,
+    Speculation,
+    _bucket,
+    make,
+)
 
 
 def test_the_fixed_policy_is_its_k_every_step():
@@ -19,11 +25,15 @@ def test_the_fixed_policy_is_its_k_every_step():
 
 class Simulated:
     """A decode with per-position acceptance `rates` and step seconds cost(k, rows);
-    `rates` is one list for every request, or a function of the request's index."""
+    `rates` is one list for every request, or a function of the request's index. A K=0
+    step that keeps the MTP slots (the policy's keep_slots) costs `twin` times a plain
+    one."""
 
-    def __init__(self, rates, cost, noise=0.0, seed=0):
+    def __init__(self, rates, cost, noise=0.0, seed=0, twin=1.0):
         self.rates = rates if callable(rates) else lambda i: rates
-        self.cost, self.noise = cost, noise
+        self.cost, self.noise, self.twin = cost, noise, twin
+        self.ks: list[int] = []         # per step: its K
+        self.kept: list[bool] = []      # per step: K=0 ran the twin
         self.rng = random.Random(seed)
         self.requests: list[Acceptance] = []
 
@@ -40,8 +50,12 @@ class Simulated:
                 a += 1
             drafts.append((self.requests[i], a))
             tokens += a + 1
-        seconds = self.cost(k, len(rows)) * (1 + self.noise * self.rng.uniform(-1, 1))
-        policy.observe(k, len(rows), seconds, drafts)
+        twin = not k and policy.keep_slots
+        seconds = self.cost(k, len(rows)) * (1 + self.noise * self.rng.uniform(-1, 1)) \
+            * (self.twin if twin else 1.0)
+        self.ks.append(k)
+        self.kept.append(twin)
+        policy.observe(k, len(rows), seconds, drafts, twin)
         return tokens, seconds
 
 
@@ -236,16 +250,59 @@ def test_a_request_below_the_common_rate_is_expected_below_it_where_it_never_dra
     assert policy._expected(hard)[2] == pytest.approx(1 + a1 + a1 * c2 * a1 / c1)
 
 
-def test_a_k0_step_counts_nothing_and_every_fused_row_counts():
-    """A K=0 step's rows drafted nothing; the next fused step counts each of its rows
-    (the K=0 step kept their MTP slots whole)."""
+def test_a_k0_step_counts_nothing_and_a_row_a_plain_one_left_behind_is_not_counted():
+    """A K=0 step's rows drafted nothing. After the twin (it kept their MTP slots) the
+    next fused step counts each row; after a plain one, a row's first fused step drafted
+    from older streams and is not counted, its next is."""
     policy = AdaptiveSpeculation(1)
     old, new = Acceptance(), Acceptance()
-    policy.observe(0, 1, None, [(old, 0)])
+    policy.observe(0, 1, None, [(old, 0)], twin=True)
     assert old.reached == [] and policy.acceptance.reached == []
     policy.observe(1, 2, None, [(old, 0), (new, 1)])
     assert (old.reached, old.kept, new.reached, new.kept) == ([1.0], [0.0], [1.0], [1.0])
     assert policy.acceptance.reached == [2.0] and policy.acceptance.kept == [1.0]
+    policy.observe(0, 1, None, [(old, 0)])                      # plain: old falls behind
+    policy.observe(1, 2, None, [(old, 0), (new, 1)])
+    assert old.reached == [1.0] and new.reached == pytest.approx([2.0], abs=0.02)
+    assert policy.acceptance.reached == pytest.approx([3.0], abs=0.01)
+    policy.observe(1, 1, None, [(old, 1)])
+    assert old.reached == pytest.approx([2.0], abs=0.02)
+
+
+def _k_runs(sim: Simulated, policy, rows: int, steps: int) -> list[tuple[int, bool]]:
+    """Each step's K and whether, at K=0, it ran the twin."""
+    for _ in range(steps):
+        sim.step(policy, rows)
+    return list(zip(sim.ks, sim.kept))
+
+
+def test_k0_runs_plain_while_it_leads_and_the_twin_only_before_a_drafting_step():
+    """Drafts seldom kept and K=0 leads at 64 rows; its twin costs 1.1x. K=0 runs the
+    plain kernel but for the WARM steps (and only those) before each drafting step that
+    follows K=0's steps, which write the MTP window's last rows; K=0's cost is the plain
+    kernel's (a twin step is not measured)."""
+    policy = AdaptiveSpeculation(3, probe_every=24)
+    sim = Simulated([0.3] * 3, lambda k, rows: 1 + 0.6 * k, twin=1.1)
+    runs = _k_runs(sim, policy, 64, 1200)
+    warm = policy.WARM
+    assert policy._seconds(0, _bucket(64)) == pytest.approx(1.0)
+    drafting = [i for i, (k, _) in enumerate(runs) if k and runs[i - 1][0] == 0 and i > 40]
+    assert len(drafting) >= 4
+    for i in drafting:
+        assert all(twin for _, twin in runs[i - warm:i]), runs[i - warm:i]
+    twins = sum(twin for _, twin in runs)
+    plain = sum(1 for k, twin in runs if not k and not twin)
+    assert twins <= warm * (len(drafting) + 2) and plain > 2 * twins
+
+
+def test_k0_probes_among_drafting_steps_run_plain():
+    """Drafts nearly always kept: K=3 leads, and its K=0 probes run the plain kernel (two
+    steps, a two-row hole in the window) rather than pay for the twin."""
+    policy = AdaptiveSpeculation(3, probe_every=24)
+    sim = Simulated([0.95] * 3, lambda k, rows: 1 + 0.1 * k, twin=1.1)
+    runs = _k_runs(sim, policy, 8, 600)
+    assert sum(1 for k, _ in runs if k == 3) > 500
+    assert [twin for k, twin in runs if not k] == [False] * sum(1 for k, _ in runs if not k)
 
 
 def test_acceptance_that_changes_is_followed():

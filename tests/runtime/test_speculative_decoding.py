@@ -61,7 +61,8 @@ def expected(params, prompts) -> list[list[int]]:
 
 
 class Switching(AdaptiveSpeculation):
-    """Every step a K drawn at random: the MTP state must follow every switch."""
+    """Every step a K drawn at random, and at K=0 the plain kernel or its twin that keeps
+    the MTP slots: the MTP state must follow every switch."""
 
     def __init__(self, max_k: int, seed: int):
         super().__init__(max_k)
@@ -69,6 +70,7 @@ class Switching(AdaptiveSpeculation):
 
     def choose(self, rows, left=None) -> int:
         k = self.rng.randrange(len(self.ks))
+        self.keep_slots = self.rng.random() < 0.5
         self.chosen[k] = self.chosen.get(k, 0) + 1
         return k
 
@@ -114,24 +116,31 @@ class Recording(Switching):
     def __init__(self, max_k: int, seed: int):
         super().__init__(max_k, seed)
         self.steps: list[tuple[int, int, list]] = []
+        self.twins: list[bool] = []                 # per step: K=0 kept the MTP slots
 
-    def observe(self, k, rows, seconds, drafts) -> None:
+    def observe(self, k, rows, seconds, drafts, twin=False) -> None:
         self.steps.append((k, rows, [(id(a), kept) for a, kept in drafts]))
-        super().observe(k, rows, seconds, drafts)
+        self.twins.append(twin)
+        super().observe(k, rows, seconds, drafts, twin)
 
 
-def test_the_policy_counts_every_fused_row(params, prompts):
-    """The engine reports every row of a K=0 step (none drafted, none kept), and the
-    policy counts every fused row's drafts, the first after a K=0 step too (the K=0
-    step kept its slot: see the test below)."""
+def test_the_policy_counts_every_fused_row_not_behind(params, prompts):
+    """The engine reports every row of a K=0 step (none drafted, none kept) and which
+    K=0 kernel ran, and the policy counts every fused row's drafts but those of a row
+    whose step before was a plain one (its slot caught up, its streams older): after the
+    twin, that keeps the slots, it counts them."""
     engine = _engine(params, 3, "compiled-eager", "adaptive")
     policy = engine.scheduler.speculation = Recording(3, seed=7)
     engine.generate(prompts[:4], GREEDY)
-    for k, rows, drafts in policy.steps:
+    behind, counted = set(), 0
+    for (k, rows, drafts), twin in zip(policy.steps, policy.twins):
         assert len(drafts) == rows
         assert k or all(kept == 0 for _, kept in drafts)
-    counted = sum(len(drafts) for k, _, drafts in policy.steps if k)
+        ids = {request for request, _ in drafts}
+        counted += len(ids - behind) if k else 0
+        behind = (behind | ids) if not k and not twin else behind - ids
     assert {k for k, _, _ in policy.steps} == {0, 1, 2, 3}
+    assert set(policy.twins) == {True, False}
     assert 0 < policy.acceptance.reached[0] == counted
 
 
