@@ -49,14 +49,17 @@ def _scheduler(ranks: int, kv: int, ring: int, k: int = 0, layout: Layout | None
 
 
 class _Cycling(Speculation):
-    """K = 0, 1, ..., k, 0, ... step after step."""
+    """K = 0, 1, ..., k, 0, ... step after step; K=0 with the MTP slots kept every other
+    time."""
 
     def __init__(self, k: int):
         super().__init__(k)
         self.steps = itertools.count()
 
     def choose(self, rows, left=None) -> int:
-        return next(self.steps) % (self.k + 1)
+        step = next(self.steps)
+        self.keep_slots = step // (self.k + 1) % 2 == 0
+        return step % (self.k + 1)
 
 
 def _request(prompt: list[int], params: SamplingParams, rid: str | None = None) -> Request:
@@ -99,7 +102,7 @@ def _view(out: SchedulerOutput, rank: int | None = None, mirrored: bool = False)
                  _copies(s.copies, here, local), s.pages) for s in ss if here(s.rank)]
     return dict(
         decode=[[_row(r, row_rank) for r in launch if mine(r)] for launch in out.decode],
-        k=out.k,
+        k=out.k, keep_slots=out.keep_slots,
         prefill=[(_row(ch.request, row_rank), ch.slot, ch.start, ch.length, ch.terminal)
                  for ch in out.prefill if mine(ch.request)],
         launches=[[(p.request.request_id, p.start, p.length) for p in launch]
@@ -217,13 +220,15 @@ def test_every_step_under_preemption_and_mtp_is_rebuilt_field_by_field():
 
 
 def test_each_steps_k_reaches_the_ranks_with_its_launches():
-    """Steps of K = 0..3 in turn: the ranks read each step's K, and its launches cut to
-    that K's batch (2 rows a rank for K=0, 1 for the others)."""
+    """Steps of K = 0..3 in turn: the ranks read each step's K (and at K=0 which kernel
+    runs), and its launches cut to that K's batch (2 rows a rank for K=0, 1 for the
+    others)."""
     run = _Run(_scheduler(ranks=2, kv=40, ring=16, k=3, adaptive=True), k=1)
     for i, n in enumerate((3, 9, 5, 6, 4, 7)):
         run.add(_request(_prompt(n, i), PARAMS[0]))
-    steps = [out for out in (run.step() for _ in range(12)) if out.decode]
+    steps = [out for out in (run.step() for _ in range(20)) if out.decode]
     assert sorted({out.k for out in steps}) == [0, 1, 2, 3]
+    assert {out.keep_slots for out in steps if out.k == 0} == {True, False}
     assert all(len(launch) <= 2 * (2 if out.k == 0 else 1) for out in steps
                for launch in out.decode)
     assert any(len(launch) == 4 for out in steps for launch in out.decode)
