@@ -195,7 +195,8 @@ def _figures(engine: Engine, outputs: list, seconds: float) -> dict:
         "marshal": 1e3 * t.marshal / s.steps, "kernel": 1e3 * t.kernel / s.steps,
         "sample": 1e3 * t.sample / s.steps, "host": host / step,
         "accept": s.accepted_tokens / s.draft_tokens if s.draft_tokens else None,
-        "chosen": " ".join(f"{k}:{n}" for k, n in sorted(chosen.items())),
+        "chosen": " ".join(f"{k}:{n}" for k, n in sorted(chosen.items()))
+                  + (f" (twin {s.twin_steps})" if s.twin_steps else ""),
         "outputs": [o.output_ids for o in outputs],
     }
 

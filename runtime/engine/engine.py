@@ -55,6 +55,7 @@ class Stats:
     # per draft position j: drafts kept there (vLLM's ..._num_accepted_tokens_per_pos)
     accepted_per_position: list[int] = field(default_factory=list)
     decode_steps_by_k: Counter[int] = field(default_factory=Counter)   # the K each chose
+    twin_steps: int = 0           # K=0 steps of the kernel that keeps the MTP slots
     schedule_seconds: float = 0.0
     requests_finished: int = 0
 
@@ -165,6 +166,7 @@ class Engine:
             "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
             "accepted_per_position": list(s.accepted_per_position),
             "decode_steps_by_k": {str(k): n for k, n in sorted(s.decode_steps_by_k.items())},
+            "twin_steps": s.twin_steps,
             "dispatches": dict(self.dispatches), "graphs": self.graph_info(),
             "prefix_cache": self.prefix_cache_info(),
         }
@@ -347,14 +349,15 @@ class Engine:
         rows = [r for launch in out.decode for r in launch]
         drafts = [(r.acceptance, results[r].accepted) for r in rows
                   if r in results and results[r].drafted == k]
+        twin = not k and out.keep_slots and self.admission.adaptive
         self.stats.decode_steps_by_k[k] += 1
+        self.stats.twin_steps += twin
         per_position = self.stats.accepted_per_position
         per_position.extend([0] * (k - len(per_position)))
         for _, accepted in drafts:
             for j in range(accepted):
                 per_position[j] += 1
-        self.scheduler.speculation.observe(k, len(rows), seconds, drafts,
-                                           twin=not k and out.keep_slots)
+        self.scheduler.speculation.observe(k, len(rows), seconds, drafts, twin)
 
     def _count_drafts(self, request: Request, result: StepResult) -> None:
         request.draft_tokens += result.drafted

@@ -104,6 +104,9 @@ def test_k_drafts_keep_greedy_output_through_chunks_preemption_and_hits(
         assert all(stats.accepted_per_position)                  # every position kept some
     else:
         assert sorted(stats.decode_steps_by_k) == list(range(k + 1))
+    if policy == "switching":               # K=0 ran plain and the twin, lossless after both
+        assert 0 < stats.twin_steps < stats.decode_steps_by_k[0]
+        assert engine.dispatches["decode_b8s1"] and engine.dispatches["decode_b8s1_mtp"]
     assert stats.accepted_tokens == sum(stats.accepted_per_position) > 0
     assert_all_free(engine)
 
