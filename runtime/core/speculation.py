@@ -46,15 +46,18 @@ kernels (`keep_slots`, set by each choice):
             MTP layer's window keeps a hole over the plain steps
     twin    the plain layout's twin that keeps the slots (DECODE_KEEPING_SLOTS_BY_K):
             each row writes the window row a first draft would and its slot moves on,
-            so the drafts after it are as good as after fused ones; it costs more (at
-            64 rows of the embedded model, 47.7 ms to 42.8)
+            so the drafts after it are as good as after fused ones; it costs more (on
+            the embedded model, 1.22x a plain step at one row, 1.1x at eight)
 
 so a switch never recomputes. K=0 runs plain, as a probe among drafting steps too (two
 steps: a two-row hole), except while it leads and a drafting step is due within WARM
 steps (a probe, a confirmation, a K not yet run in the bucket): the twin then fills the
-window's last rows, so that the probe drafts as a drafting request would (after a long
-plain stretch with nothing whole, a probe read a request's acceptance low and kept it on
-K=0). K=0's cost is the plain kernel's: a twin step's seconds are not measured. A row's
+window's last rows, and the drafting step waits for WARM of them, so that it drafts as a
+drafting request would (after a long plain stretch with nothing whole, a probe read a
+request's acceptance low and kept it on K=0). Four are enough: at eight rows of the
+embedded model, a first draft after 36 plain steps and 4 twins is kept as often as one
+after 40 twins or in a run of fused steps (70%), and 61% after plain steps alone.
+K=0's cost is the plain kernel's: a twin step's seconds are not measured. A row's
 first fused step after a plain one drafts from older streams: its drafts are not counted
 (Acceptance.behind). The engine reports each decode step (`observe`): its K, rows, each
 drafting row's drafts kept, and its seconds when the step was decode only (a prefill's
@@ -65,9 +68,10 @@ not seen before starts from its neighbour's costs: a K not yet run in it costs w
 costs in the nearest bucket where it ran, times the ratio between the two buckets of the
 nearest K run in both. It runs the K that is best by these, and measures the others once
 it has lasted FRESH steps, so that the few steps of a bucket passed through as a batch
-drains are not spent measuring. Then a K not chosen is tried again, for two steps, once
-`probe_every` steps of the bucket have passed since it was last run, so that a cost or an
-acceptance that changed is seen.
+drains are not spent measuring; and no K but the best runs in a bucket before the best
+has run three steps there within the last SPEED (its speed, see Drift). Then a K not
+chosen is tried again, for two steps, once `probe_every` steps of the bucket have passed
+since it was last run, so that a cost or an acceptance that changed is seen.
 Each probe doubles that wait (up to MAX_WAIT times: costs go stale), and choosing the K
 for its rate resets it; a K whose rate is more than SLACK below the best (twice SLACK
 while it has one measurement) waits FAR times longer. So the probes of a long run cost
@@ -77,12 +81,17 @@ K=1 is probed twice and K=2 and 3 once.
 Drift. A shared machine's speed changes by half over tens of steps, and a K not chosen
 is measured only at its probes: a cost taken while the machine was slow, held against
 one taken since it sped up, would keep the policy on a worse K until the next probe
-(a hundred steps and more). So costs are kept at one speed: the steps of the K chosen
-for its rate add nothing to its cost but tell the machine's speed, the median of its last
-three steps' seconds over that cost; every other sample is divided by the speed when it
-is taken, and every cost multiplied by the speed now. A probe's cost is thus its seconds
-against the chosen K's steps around it, and the chosen K's own cost cancels out of every
-comparison at its bucket.
+(a hundred steps and more). So each bucket's costs are kept at one speed: the steps of
+the K chosen for its rate add nothing to its cost but tell the bucket's speed, the median
+of its last three steps' seconds over that cost; every other sample is divided by the
+bucket's speed when it is taken, and every cost multiplied by the speed now. A probe's
+cost is thus its seconds against the chosen K's steps around it in its bucket, and the
+chosen K's own cost cancels out of every comparison at its bucket. The speed is the
+bucket's own: a bucket's costs were measured at other moments than another's (the one
+row of a drain's end, minutes after the last run of one row), and a sample divided by
+another bucket's speed would be off by the machine's change between them (a K measured
+at 1.25x a plain step's cost at one row, where it costs 2x, and chosen for the whole of
+the next run).
 
 Confirmation. A K that displaced the one chosen before was chosen because its probes
 measured well, maybe by chance (the machine idle for those steps): CONFIRM steps on, the
@@ -213,7 +222,8 @@ class AdaptiveSpeculation(Speculation):
     FRESH = 8                 # steps of a new bucket before the K not run in it run
     CONFIRM = 4               # steps after a change of the best before the old is probed
     REFRESH = 4               # steps a choice's rates serve (see _rates)
-    WARM = 16                 # K=0 steps before a drafting one that keep the slots
+    WARM = 4                  # K=0 steps before a drafting one that keep the slots
+    SPEED = 8                 # steps in which a bucket's best ran three for its speed
 
     def __init__(self, max_k: int, probe_every: int = 48):
         super().__init__(max_k)
@@ -229,7 +239,10 @@ class AdaptiveSpeculation(Speculation):
         self._best: int | None = None              # the K chosen for its rate this step
         self._leader: dict[int, int] = {}          # per bucket: the K chosen for its rate
         self._confirming: dict[int, tuple[int, int]] = {}  # per bucket: (K, due step)
-        self._speed: deque[float] = deque(maxlen=3)  # the best's last seconds / its cost
+        self._speed: dict[int, deque[tuple[int, float]]] = {}  # per bucket: (step,
+        #   its best's seconds / cost) of its best's last steps
+        self._decoded = 0                          # timed decode steps, all buckets
+        self._twins = 0                            # twin steps since the last other
         self._observed: int | None = None          # the K of the step observed last
         self._served: _Served | None = None        # the rates of the last computation
 
@@ -246,24 +259,27 @@ class AdaptiveSpeculation(Speculation):
         else:
             rates = self._rates(rows, left)
             k = self._pick(rates, bucket, step)
-            self.keep_slots = k == self._best == 0 and self._drafting_in(rates, bucket,
-                                                                          step) <= self.WARM
+            self.keep_slots = k == self._best == 0 and self._timed(bucket) \
+                and self._drafting_in(rates, bucket, step) <= self.WARM
         self._cost(k, bucket).ran_at = step
         self.chosen[k] = self.chosen.get(k, 0) + 1
         return k
 
     def _pick(self, rates: dict[int, float], bucket: int, step: int) -> int:
         """The best K; or, once the bucket has lasted FRESH steps, a K not yet run in it;
-        or a K whose probe is due (the one with the best rate)."""
+        or a K whose probe is due (the one with the best rate). Another K than the best
+        runs only while the bucket's speed is of now (`_timed`)."""
         best = max(self.ks, key=rates.__getitem__)
+        # a drafting K after K=0 waits for WARM twin steps before it (see keep_slots)
+        timed = self._timed(bucket) and (best or self._twins >= self.WARM)
         fresh = [k for k in self.ks if k != best and not self._cost(k, bucket).samples]
-        if fresh and step > self.FRESH:
+        if fresh and step > self.FRESH and timed:
             return max(fresh, key=rates.__getitem__)
-        confirm = self._confirm(best, bucket, step)
+        confirm = self._confirm(best, bucket, step) if timed else None
         if confirm is not None:
             self._again = confirm
             return confirm
-        due = [k for k in self.ks if k != best
+        due = [k for k in self.ks if k != best and timed
                and step - self._cost(k, bucket).ran_at >= self._wait(k, bucket, rates, best)]
         if not due:
             self._lead(best, bucket, step)
@@ -368,7 +384,7 @@ class AdaptiveSpeculation(Speculation):
 
     def _seconds(self, k: int, bucket: int) -> float:
         """cost(K, bucket) at the machine's speed now (see Drift in the module docstring)."""
-        return self._normal(k, bucket) * self._now()
+        return self._normal(k, bucket) * self._now(bucket)
 
     def _normal(self, k: int, bucket: int) -> float:
         """cost(K, bucket) at the speed its samples are kept at: measured, or borrowed
@@ -381,15 +397,24 @@ class AdaptiveSpeculation(Speculation):
                    key=lambda b: (abs(b - bucket), b))
         both = [j for j in self.ks if self._cost(j, bucket).samples
                 and self._cost(j, near).samples]
-        if not both:
-            return self.costs[k, near].seconds
+        if not both:      # near's seconds now, in the bucket's units
+            return self.costs[k, near].seconds * self._now(near) / self._now(bucket)
         r = min(both, key=lambda j: abs(j - k))
         return self.costs[k, near].seconds * self.costs[r, bucket].seconds \
             / self.costs[r, near].seconds
 
-    def _now(self) -> float:
-        """How much slower the machine runs now than when the costs were measured."""
-        return _median(self._speed) if self._speed else 1.0
+    def _now(self, bucket: int) -> float:
+        """How much slower the bucket's steps run now than when its costs were measured."""
+        speed = self._speed.get(bucket)
+        return _median([s for _, s in speed]) if speed else 1.0
+
+    def _timed(self, bucket: int) -> bool:
+        """Whether the bucket's speed is of now: its best ran its last three steps within
+        the last SPEED steps (a bucket come back to, or passed through in a drain, waits
+        for them before it measures another K)."""
+        speed = self._speed.get(bucket)
+        return bool(speed) and len(speed) == speed.maxlen \
+            and self._decoded - speed[0][0] <= self.SPEED
 
     def expected_tokens(self, k: int) -> float:
         """E(K): the tokens a request without drafts of its own commits in a step of K
@@ -427,14 +452,17 @@ class AdaptiveSpeculation(Speculation):
                 drafts: Sequence[tuple[Acceptance, int]], twin: bool = False) -> None:
         self._count(k, drafts, twin)
         self._observed = k
+        self._twins = self._twins + 1 if twin else 0
         if seconds is None or rows <= 0 or twin:
             return
         bucket = _bucket(rows)
         cost = self._cost(k, bucket)
+        self._decoded += 1
         if k == self._best and cost.samples:
-            self._speed.append(seconds / cost.seconds)
+            self._speed.setdefault(bucket, deque(maxlen=3)).append(
+                (self._decoded, seconds / cost.seconds))
         else:
-            cost.samples.append(seconds / self._now())
+            cost.samples.append(seconds / self._now(bucket))
             self._served = None
         self._rows.setdefault(bucket, deque(maxlen=9)).append(rows)
         self._measured.add(k)

@@ -3,6 +3,7 @@ measured step costs and running acceptance (runtime/core/speculation.py), driven
 simulated decode whose true costs and acceptance the test sets."""
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -159,8 +160,9 @@ def test_probes_back_off_and_wait_longer_for_a_k_far_behind():
         sim.step(policy, 1)
         ran[policy._observed].append(step)
     # K=1: measured at step 2; probed 8 x FAR steps later; then it waits 16 x FAR, then
-    # 32 x FAR. K=2: measured at 3; due at 35, probed once K=1's probe ends.
-    p1, p2 = 2 + 8 * far, 3 + 8 * far + 1
+    # 32 x FAR. K=2: measured at 3; due at 35, probed once K=1's probe ends and K=0 has
+    # run WARM twin steps again (a drafting step after K=0 drafts as after fused ones).
+    p1, p2 = 2 + 8 * far, 3 + 8 * far + 1 + policy.WARM
     assert ran[1] == [2, p1, p1 + 1, p1 + 1 + 16 * far, p1 + 2 + 16 * far,
                       p1 + 2 + 48 * far, p1 + 3 + 48 * far]
     assert ran[2] == [3, p2, p2 + 1, p2 + 1 + 16 * far, p2 + 2 + 16 * far,
@@ -198,7 +200,7 @@ def test_each_row_is_expected_to_commit_at_its_own_requests_acceptance():
     assert lasts.count(0) >= 5, lasts
     # the common rate alone would still have chosen K=3 for these four
     assert max(policy.ks, key=lambda k: policy.expected_tokens(k)
-               / policy.costs[k, 3].seconds) == 3
+               / policy._seconds(k, 3)) == 3
 
 
 def test_acceptance_is_per_position_and_an_unseen_position_takes_the_previous_rate():
@@ -468,6 +470,35 @@ def test_a_machine_whose_speed_keeps_changing_keeps_the_better_k(seed):
     for sim.now in range(1200):
         sim.step(policy, 16)
     assert policy.chosen[1] >= 0.9 * 1200, policy.chosen
+
+
+def test_a_bucket_come_back_to_times_its_best_before_it_probes_another_k():
+    """One row, then eight, then one again, the machine three times slower at the end of
+    the eight rows' stay than at its start (and at one row). K=0 leads at one row, K=1
+    within SLACK behind (E(1) = 1.6 for 1.8 times the seconds); K=1 leads at eight. Back
+    at one row with a probe due, the probe waits for three steps of K=0 (the bucket's
+    speed of now: the eight rows' speed is another bucket's) and WARM twin steps (K=0
+    keeping the MTP slots), then runs, measured at one row's speed."""
+    speed = [1.0]
+    ratio = {1: (1.0, 1.8), 8: (2.0, 2.8)}
+    sim = Simulated([0.6], lambda k, rows: ratio[rows][k] * speed[0])
+    policy = AdaptiveSpeculation(1)
+    for _ in range(60):
+        sim.step(policy, 1)
+    while copy.deepcopy(policy).choose(sim.requests[:1]) == 0:    # up to a probe due
+        sim.step(policy, 1)
+    for i in range(60):
+        speed[0] = 3.0 if i >= 45 else 1.0
+        sim.step(policy, 8)
+    assert sim.ks[-10:] == [1] * 10
+    speed[0] = 1.0
+    back = len(sim.ks)
+    for _ in range(3 + policy.WARM + 2):
+        sim.step(policy, 1)
+    assert sim.ks[back:] == [0] * (3 + policy.WARM) + [1, 1]
+    assert sim.kept[back:back + 3 + policy.WARM] == [False] * 3 + [True] * policy.WARM
+    k0, k1 = policy._seconds(0, 1), policy._seconds(1, 1)
+    assert k1 / k0 == pytest.approx(1.8)
 
 
 def _lucky_k1(lucky_samples: int, steps: int) -> tuple[AdaptiveSpeculation, list[int], list[int]]:
