@@ -1,0 +1,85 @@
+"""How many twin steps (K=0 that keeps the MTP slots) a drafting step needs after a run
+of plain K=0 steps to draft as well as in a run of fused steps: the figure behind
+AdaptiveSpeculation.WARM. Prints figures; asserts nothing.
+
+    .venv/bin/python bench/twin_warm.py [--warm 0,2,4,8,16,40] [--concurrency 8]
+                                        [--k 1] [--run 40] [--rounds 3]
+
+Each decode step's K is scripted, in a cycle: `run` - W plain K=0 steps (the MTP slots
+stay behind, the window keeps a hole over them), W twin steps, then two steps of K
+drafts; and, as the baseline, K drafts on every step. Per W it prints how often the
+first draft is kept in the first and the second drafting step (the policy counts only
+the second after a plain step, Acceptance.behind), over `rounds` batches of
+`concurrency` held-out prompts, 256 tokens each, on the compiled backend.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import types
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import offline  # noqa: E402
+from runtime.core.speculation import AdaptiveSpeculation  # noqa: E402
+
+
+class Scripted(AdaptiveSpeculation):
+    """K per step from a cycle of `pattern` (-1: K=0 keeping the slots), counting each
+    drafting step's first drafts kept by its place in the run of drafting steps."""
+
+    def __init__(self, max_k: int, pattern: list[int]):
+        super().__init__(max_k)
+        self.pattern, self.steps = pattern, 0
+        self.kept: dict[int, list[int]] = {}     # place in the run: [rows, first kept]
+        self._run = 0
+
+    def choose(self, rows, left=None) -> int:
+        k = self.pattern[self.steps % len(self.pattern)]
+        self.steps += 1
+        self.keep_slots = k < 0
+        return max(k, 0)
+
+    def observe(self, k, rows, seconds, drafts, twin=False) -> None:
+        self._run = self._run + 1 if k else 0
+        if k:
+            count = self.kept.setdefault(min(self._run, 2), [0, 0])
+            count[0] += len(drafts)
+            count[1] += sum(a >= 1 for _, a in drafts)
+        super().observe(k, rows, seconds, drafts, twin)
+
+
+def first_kept(args, pattern: list[int]) -> dict[int, float]:
+    """Per place in a run of drafting steps (1, 2 and after): the first drafts kept."""
+    model = Path(args.model)
+    engine = offline.build(types.SimpleNamespace(spec="tiny", model=model, device=None),
+                           "compiled", args.k, policy="adaptive")
+    policy = engine.scheduler.speculation = Scripted(args.k, pattern)
+    for _ in range(args.rounds):
+        batch = offline.prompts(args.concurrency, 256, model)
+        offline.decode_row(engine, batch, [256] * args.concurrency, args.concurrency)
+    engine.close()
+    return {place: kept / rows for place, (rows, kept) in sorted(policy.kept.items())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="models/tiny")
+    parser.add_argument("--warm", default="0,2,4,8,16,40")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--k", type=int, default=1)
+    parser.add_argument("--run", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    print("| twin steps before | first drafts kept, 1st drafting step | 2nd |\n|---|---|---|")
+    for warm in (int(w) for w in args.warm.split(",")):
+        kept = first_kept(args, [0] * (args.run - warm) + [-1] * warm + [args.k] * 2)
+        print(f"| {warm} of {args.run} | {kept[1]:.3f} | {kept.get(2, float('nan')):.3f} |",
+              flush=True)
+    steady = first_kept(args, [args.k])
+    print(f"| K={args.k} every step | {steady[2]:.3f} (all) | |")
+
+
+if __name__ == "__main__":
+    main()
