@@ -93,10 +93,13 @@ another bucket's speed would be off by the machine's change between them (a K me
 at 1.25x a plain step's cost at one row, where it costs 2x, and chosen for the whole of
 the next run).
 
-Confirmation. A K that displaced the one chosen before was chosen because its probes
-measured well, maybe by chance (the machine idle for those steps): CONFIRM steps on, the
-K it displaced is probed again, against the new one's steps since, rather than at its
-next probe, up to 4x48 steps on.
+Confirmation. A K that displaced the one chosen before right after a probe (some cost
+of the bucket measured since the last step of the one before) was chosen because its
+probes measured well, maybe by chance (the machine idle for those steps): CONFIRM steps
+on, the K it displaced is probed again, against the new one's steps since, rather than
+at its next probe, up to 4x48 steps on. One that displaced it on the rows' acceptance
+alone (a new request's own drafts, kept less than the common rate said) is not: no cost
+changed, and the probe would cost two steps of the K just left for what is known.
 
 Host work. Pricing a drain is the policy's dearest work (per K, every row's tokens left):
 the rates serve REFRESH steps of the same rows while no cost is measured, as acceptance
@@ -243,6 +246,7 @@ class AdaptiveSpeculation(Speculation):
         #   its best's seconds / cost) of its best's last steps
         self._decoded = 0                          # timed decode steps, all buckets
         self._twins = 0                            # twin steps since the last other
+        self._probed: set[int] = set()             # buckets measured since their leader ran
         self._observed: int | None = None          # the K of the step observed last
         self._served: _Served | None = None        # the rates of the last computation
 
@@ -306,11 +310,13 @@ class AdaptiveSpeculation(Speculation):
     def _lead(self, best: int, bucket: int, step: int) -> None:
         """`best` leads the bucket. One that displaced another may have done so by a
         chance measurement: the K it displaced is probed again CONFIRM steps on, against
-        the new leader's steps around it."""
+        the new leader's steps around it; one that displaced it with no cost of the
+        bucket measured since (on the rows' acceptance) is not confirmed."""
         leader = self._leader.get(bucket)
-        if leader is not None and leader != best:
+        if leader is not None and leader != best and bucket in self._probed:
             self._confirming[bucket] = (leader, step + self.CONFIRM)
         self._leader[bucket] = best
+        self._probed.discard(bucket)
 
     def _confirm(self, best: int, bucket: int, step: int) -> int | None:
         """The displaced K, once its confirming probe is due (unless it leads again)."""
@@ -463,6 +469,7 @@ class AdaptiveSpeculation(Speculation):
                 (self._decoded, seconds / cost.seconds))
         else:
             cost.samples.append(seconds / self._now(bucket))
+            self._probed.add(bucket)
             self._served = None
         self._rows.setdefault(bucket, deque(maxlen=9)).append(rows)
         self._measured.add(k)

@@ -540,6 +540,24 @@ def test_a_k_that_displaced_another_is_confirmed_against_it():
     assert ks[led + policy.CONFIRM:led + policy.CONFIRM + 2] == [0, 0], ks[led:led + 12]
 
 
+def test_a_k_that_displaced_another_on_acceptance_alone_is_not_confirmed():
+    """K=1 leads for a request that keeps nearly every draft (a step of K=1 costs 1.5
+    times K=0's). The next request keeps none: its own drafts, not a probe, make K=0
+    lead, and no cost changed, so K=1 is not probed again before its wait (48 steps of
+    the bucket) is out (a probe of K=0 among its first steps aside)."""
+    sim = Simulated(lambda i: [0.95] if i == 0 else [0.02], lambda k, rows: 1 + 0.5 * k)
+    policy = AdaptiveSpeculation(1)
+    for _ in range(200):
+        sim.step(policy, [0])
+    assert sim.ks[-20:].count(1) >= 18
+    start = len(sim.ks)
+    for _ in range(40):
+        sim.step(policy, [1])
+    ks = sim.ks[start:]
+    led = max(i for i, k in enumerate(ks) if k) + 1     # K=0 leads from here on
+    assert led <= 12 and ks[led:] == [0] * (40 - led), ks
+
+
 def test_a_steady_batch_computes_its_rates_once_every_refresh_steps():
     """The rates (a drain's pricing is the policy's dearest host work) serve REFRESH
     steps of the same rows while no cost is measured; another row (a new count of rows,
