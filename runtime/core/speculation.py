@@ -69,7 +69,8 @@ costs in the nearest bucket where it ran, times the ratio between the two bucket
 nearest K run in both. It runs the K that is best by these, and measures the others once
 it has lasted FRESH steps, so that the few steps of a bucket passed through as a batch
 drains are not spent measuring; and no K but the best runs in a bucket before the best
-has run three steps there within the last SPEED (its speed, see Drift). Then a K not
+has run three steps there within the last SPEED, SETTLE steps or more after the last
+step that prefilled (its speed of now, see Drift and `_timed`). Then a K not
 chosen is tried again, for two steps, once `probe_every` steps of the bucket have passed
 since it was last run, so that a cost or an acceptance that changed is seen.
 Each probe doubles that wait (up to MAX_WAIT times: costs go stale), and choosing the K
@@ -180,6 +181,10 @@ class Speculation:
         K=0 every row, none drafted and none kept); `twin`: a K=0 step that kept the
         MTP slots."""
 
+    def prefilled(self) -> None:
+        """A step prefilled (before its decode, if it had one): the decode steps after it
+        run on the caches it filled."""
+
 
 @dataclass
 class _Cost:
@@ -227,6 +232,7 @@ class AdaptiveSpeculation(Speculation):
     REFRESH = 4               # steps a choice's rates serve (see _rates)
     WARM = 4                  # K=0 steps before a drafting one that keep the slots
     SPEED = 8                 # steps in which a bucket's best ran three for its speed
+    SETTLE = 8                # steps after a prefill before another K than the best runs
 
     def __init__(self, max_k: int, probe_every: int = 48):
         super().__init__(max_k)
@@ -245,6 +251,7 @@ class AdaptiveSpeculation(Speculation):
         self._speed: dict[int, deque[tuple[int, float]]] = {}  # per bucket: (step,
         #   its best's seconds / cost) of its best's last steps
         self._decoded = 0                          # timed decode steps, all buckets
+        self._since_prefill = 0                    # timed steps since one that prefilled
         self._twins = 0                            # twin steps since the last other
         self._probed: set[int] = set()             # buckets measured since their leader ran
         self._observed: int | None = None          # the K of the step observed last
@@ -415,12 +422,18 @@ class AdaptiveSpeculation(Speculation):
         return _median([s for _, s in speed]) if speed else 1.0
 
     def _timed(self, bucket: int) -> bool:
-        """Whether the bucket's speed is of now: its best ran its last three steps within
-        the last SPEED steps (a bucket come back to, or passed through in a drain, waits
-        for them before it measures another K)."""
+        """Whether the bucket's speed is of now: its best ran three of the last SPEED
+        decode steps, all since the last step that prefilled, and SETTLE or more steps
+        ran since that one. A bucket come back to, or passed through in a drain, waits
+        for them before it measures another K (its speed is of minutes ago, another
+        bucket's is not its own); so does a batch just prefilled: a request's first
+        decode steps are not its steady ones (at one row of the embedded model, K=0's
+        first four up to 30% dearer, K=2's first three 20% cheaper), and a probe of K=2
+        priced against them came out at 1.25x a plain step's cost where it is 2x."""
         speed = self._speed.get(bucket)
-        return bool(speed) and len(speed) == speed.maxlen \
-            and self._decoded - speed[0][0] <= self.SPEED
+        since = min(self._since_prefill, self.SPEED)
+        return self._since_prefill >= self.SETTLE and bool(speed) \
+            and len(speed) == speed.maxlen and speed[0][0] > self._decoded - since
 
     def expected_tokens(self, k: int) -> float:
         """E(K): the tokens a request without drafts of its own commits in a step of K
@@ -464,6 +477,7 @@ class AdaptiveSpeculation(Speculation):
         bucket = _bucket(rows)
         cost = self._cost(k, bucket)
         self._decoded += 1
+        self._since_prefill += 1
         if k == self._best and cost.samples:
             self._speed.setdefault(bucket, deque(maxlen=3)).append(
                 (self._decoded, seconds / cost.seconds))
@@ -473,6 +487,9 @@ class AdaptiveSpeculation(Speculation):
             self._served = None
         self._rows.setdefault(bucket, deque(maxlen=9)).append(rows)
         self._measured.add(k)
+
+    def prefilled(self) -> None:
+        self._since_prefill = 0
 
     def _count(self, k: int, drafts: Sequence[tuple[Acceptance, int]], twin: bool) -> None:
         """Each row's drafts kept into its own acceptance and the common one (a K=0

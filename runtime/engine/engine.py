@@ -283,6 +283,8 @@ class Engine:
         results = self.executor.execute(out)
         seconds = time.perf_counter() - t1
         deltas = failed + self._commit(out, results)
+        if out.prefill:
+            self.scheduler.speculation.prefilled()
         if out.decode:
             self._observe(out, results, None if out.prefill else seconds)
         return deltas

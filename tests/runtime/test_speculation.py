@@ -472,6 +472,24 @@ def test_a_machine_whose_speed_keeps_changing_keeps_the_better_k(seed):
     assert policy.chosen[1] >= 0.9 * 1200, policy.chosen
 
 
+def test_no_k_but_the_best_runs_in_the_first_steps_after_a_prefill():
+    """A request's first decode steps are not its steady ones (caches the prefill
+    filled): with a probe due, a step that prefilled puts it off SETTLE decode steps,
+    then WARM twin steps, then it runs."""
+    sim = Simulated([0.6], lambda k, rows: (1.0, 1.8)[k])
+    policy = AdaptiveSpeculation(1)
+    for _ in range(60):
+        sim.step(policy, 1)
+    while copy.deepcopy(policy).choose(sim.requests[:1]) == 0:    # up to a probe due
+        sim.step(policy, 1)
+    policy.prefilled()                                            # a step that prefilled
+    after, settle, warm = len(sim.ks), policy.SETTLE, policy.WARM
+    for _ in range(settle + warm + 2):
+        sim.step(policy, 1)
+    assert sim.ks[after:] == [0] * (settle + warm) + [1, 1]
+    assert sim.kept[after:after + settle + warm] == [False] * settle + [True] * warm
+
+
 def test_a_bucket_come_back_to_times_its_best_before_it_probes_another_k():
     """One row, then eight, then one again, the machine three times slower at the end of
     the eight rows' stay than at its start (and at one row). K=0 leads at one row, K=1

@@ -120,11 +120,17 @@ class Recording(Switching):
         super().__init__(max_k, seed)
         self.steps: list[tuple[int, int, list]] = []
         self.twins: list[bool] = []                 # per step: K=0 kept the MTP slots
+        self.events: list[str] = []     # per report: prefilled, decoded (timed or not)
 
     def observe(self, k, rows, seconds, drafts, twin=False) -> None:
         self.steps.append((k, rows, [(id(a), kept) for a, kept in drafts]))
         self.twins.append(twin)
+        self.events.append("decoded" if seconds is not None else "decoded, untimed")
         super().observe(k, rows, seconds, drafts, twin)
+
+    def prefilled(self) -> None:
+        self.events.append("prefilled")
+        super().prefilled()
 
 
 def test_the_policy_counts_every_fused_row_not_behind(params, prompts):
@@ -145,6 +151,11 @@ def test_the_policy_counts_every_fused_row_not_behind(params, prompts):
     assert {k for k, _, _ in policy.steps} == {0, 1, 2, 3}
     assert set(policy.twins) == {True, False}
     assert 0 < policy.acceptance.reached[0] == counted
+    # a step that prefilled says so before its decode, which is not timed
+    events = policy.events
+    assert events[0] == "prefilled" and "decoded" in events
+    assert all(events[i - 1] == "prefilled"
+               for i, event in enumerate(events) if event == "decoded, untimed")
 
 
 class Scheduled(Recording):
