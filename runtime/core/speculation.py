@@ -427,9 +427,10 @@ class AdaptiveSpeculation(Speculation):
         ran since that one. A bucket come back to, or passed through in a drain, waits
         for them before it measures another K (its speed is of minutes ago, another
         bucket's is not its own); so does a batch just prefilled: a request's first
-        decode steps are not its steady ones (at one row of the embedded model, K=0's
-        first four up to 30% dearer, K=2's first three 20% cheaper), and a probe of K=2
-        priced against them came out at 1.25x a plain step's cost where it is 2x."""
+        decode steps are not its steady ones (bench/first_steps.py: at one row of the
+        embedded model K=0's first 1.16x a steady one, its next two 0.90x). A probe
+        priced against them, or against another bucket's speed, can come out far off:
+        K=2 at one row at 1.25x a plain step's cost, where it is 2x, ran whole requests."""
         speed = self._speed.get(bucket)
         since = min(self._since_prefill, self.SPEED)
         return self._since_prefill >= self.SETTLE and bool(speed) \
