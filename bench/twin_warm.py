@@ -9,12 +9,14 @@ Each decode step's K is scripted, in a cycle: `run` - W plain K=0 steps (the MTP
 stay behind, the window keeps a hole over them), W twin steps, then two steps of K
 drafts; and, as the baseline, K drafts on every step. Per W it prints how often the
 first draft is kept in the first and the second drafting step (the policy counts only
-the second after a plain step, Acceptance.behind), over `rounds` batches of
-`concurrency` held-out prompts, 256 tokens each, on the compiled backend.
+the second after a plain step, Acceptance.behind), and a twin step's seconds over a
+plain one's (medians), over `rounds` batches of `concurrency` held-out prompts, 256
+tokens each, on the compiled backend.
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import types
 from pathlib import Path
@@ -33,6 +35,7 @@ class Scripted(AdaptiveSpeculation):
         super().__init__(max_k)
         self.pattern, self.steps = pattern, 0
         self.kept: dict[int, list[int]] = {}     # place in the run: [rows, first kept]
+        self.seconds: dict[bool, list[float]] = {False: [], True: []}  # K=0: plain, twin
         self._run = 0
 
     def choose(self, rows, left=None) -> int:
@@ -43,6 +46,8 @@ class Scripted(AdaptiveSpeculation):
 
     def observe(self, k, rows, seconds, drafts, twin=False) -> None:
         self._run = self._run + 1 if k else 0
+        if not k and seconds is not None:
+            self.seconds[twin].append(seconds)
         if k:
             count = self.kept.setdefault(min(self._run, 2), [0, 0])
             count[0] += len(drafts)
@@ -50,8 +55,9 @@ class Scripted(AdaptiveSpeculation):
         super().observe(k, rows, seconds, drafts, twin)
 
 
-def first_kept(args, pattern: list[int]) -> dict[int, float]:
-    """Per place in a run of drafting steps (1, 2 and after): the first drafts kept."""
+def first_kept(args, pattern: list[int]) -> tuple[dict[int, float], float | None]:
+    """Per place in a run of drafting steps (1, 2 and after): the first drafts kept; and
+    a twin step's seconds over a plain K=0 step's (medians; None without twins)."""
     model = Path(args.model)
     engine = offline.build(types.SimpleNamespace(spec="tiny", model=model, device=None),
                            "compiled", args.k, policy="adaptive")
@@ -60,7 +66,9 @@ def first_kept(args, pattern: list[int]) -> dict[int, float]:
         batch = offline.prompts(args.concurrency, 256, model)
         offline.decode_row(engine, batch, [256] * args.concurrency, args.concurrency)
     engine.close()
-    return {place: kept / rows for place, (rows, kept) in sorted(policy.kept.items())}
+    plain, twin = (policy.seconds[t] for t in (False, True))
+    ratio = statistics.median(twin) / statistics.median(plain) if twin and plain else None
+    return {place: kept / rows for place, (rows, kept) in sorted(policy.kept.items())}, ratio
 
 
 def main() -> None:
@@ -72,13 +80,14 @@ def main() -> None:
     parser.add_argument("--run", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    print("| twin steps before | first drafts kept, 1st drafting step | 2nd |\n|---|---|---|")
+    print("| twin steps before | first drafts kept, 1st drafting step | 2nd | twin / plain "
+          "step |\n|---|---|---|---|")
     for warm in (int(w) for w in args.warm.split(",")):
-        kept = first_kept(args, [0] * (args.run - warm) + [-1] * warm + [args.k] * 2)
-        print(f"| {warm} of {args.run} | {kept[1]:.3f} | {kept.get(2, float('nan')):.3f} |",
-              flush=True)
-    steady = first_kept(args, [args.k])
-    print(f"| K={args.k} every step | {steady[2]:.3f} (all) | |")
+        kept, ratio = first_kept(args, [0] * (args.run - warm) + [-1] * warm + [args.k] * 2)
+        print(f"| {warm} of {args.run} | {kept[1]:.3f} | {kept.get(2, float('nan')):.3f} | "
+              + (f"{ratio:.2f}x |" if ratio else "- |"), flush=True)
+    steady, _ = first_kept(args, [args.k])
+    print(f"| K={args.k} every step | {steady[2]:.3f} (all) | | |")
 
 
 if __name__ == "__main__":

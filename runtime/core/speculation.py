@@ -47,7 +47,7 @@ kernels (`keep_slots`, set by each choice):
     twin    the plain layout's twin that keeps the slots (DECODE_KEEPING_SLOTS_BY_K):
             each row writes the window row a first draft would and its slot moves on,
             so the drafts after it are as good as after fused ones; it costs more (on
-            the embedded model, 1.22x a plain step at one row, 1.1x at eight)
+            the embedded model, 1.15x a plain step at one row, 1.1x at eight)
 
 so a switch never recomputes. K=0 runs plain, as a probe among drafting steps too (two
 steps: a two-row hole), except while it leads and a drafting step is due within WARM
