@@ -18,57 +18,36 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import offline  # noqa: E402
-from runtime.core.speculation import AdaptiveSpeculation  # noqa: E402
-
-
-class Scripted(AdaptiveSpeculation):
-    """K per step from a cycle of `pattern` (-1: K=0 keeping the slots), counting each
-    drafting step's first drafts kept by its place in the run of drafting steps."""
-
-    def __init__(self, max_k: int, pattern: list[int]):
-        super().__init__(max_k)
-        self.pattern, self.steps = pattern, 0
-        self.kept: dict[int, list[int]] = {}     # place in the run: [rows, first kept]
-        self.seconds: dict[bool, list[float]] = {False: [], True: []}  # K=0: plain, twin
-        self._run = 0
-
-    def choose(self, rows, left=None) -> int:
-        k = self.pattern[self.steps % len(self.pattern)]
-        self.steps += 1
-        self.keep_slots = k < 0
-        return max(k, 0)
-
-    def observe(self, k, rows, seconds, drafts, twin=False) -> None:
-        self._run = self._run + 1 if k else 0
-        if not k and seconds is not None:
-            self.seconds[twin].append(seconds)
-        if k:
-            count = self.kept.setdefault(min(self._run, 2), [0, 0])
-            count[0] += len(drafts)
-            count[1] += sum(a >= 1 for _, a in drafts)
-        super().observe(k, rows, seconds, drafts, twin)
+from bench import scripted  # noqa: E402
+from bench.scripted import Step  # noqa: E402
 
 
 def first_kept(args, pattern: list[int]) -> tuple[dict[int, float], float | None]:
     """Per place in a run of drafting steps (1, 2 and after): the first drafts kept; and
     a twin step's seconds over a plain K=0 step's (medians; None without twins)."""
-    model = Path(args.model)
-    engine = offline.build(types.SimpleNamespace(spec="tiny", model=model, device=None),
-                           "compiled", args.k, policy="adaptive")
-    policy = engine.scheduler.speculation = Scripted(args.k, pattern)
-    for _ in range(args.rounds):
-        batch = offline.prompts(args.concurrency, 256, model)
-        offline.decode_row(engine, batch, [256] * args.concurrency, args.concurrency)
-    engine.close()
-    plain, twin = (policy.seconds[t] for t in (False, True))
+    return _tally(scripted.run(Path(args.model), args.k, pattern, args.concurrency,
+                               args.rounds))
+
+
+def _tally(steps: list[Step]) -> tuple[dict[int, float], float | None]:
+    kept: dict[int, list[int]] = {}          # place in the run: [rows, first kept]
+    seconds: dict[bool, list[float]] = {False: [], True: []}   # K=0: plain, twin
+    run = 0
+    for step in steps:
+        run = run + 1 if step.k else 0
+        if step.k:
+            count = kept.setdefault(min(run, 2), [0, 0])
+            count[0] += step.rows
+            count[1] += step.first_kept
+        elif step.seconds is not None:
+            seconds[step.twin].append(step.seconds)
+    plain, twin = seconds[False], seconds[True]
     ratio = statistics.median(twin) / statistics.median(plain) if twin and plain else None
-    return {place: kept / rows for place, (rows, kept) in sorted(policy.kept.items())}, ratio
+    return {place: n / rows for place, (rows, n) in sorted(kept.items())}, ratio
 
 
 def main() -> None:

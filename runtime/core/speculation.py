@@ -79,6 +79,16 @@ while it has one measurement) waits FAR times longer. So the probes of a long ru
 little: in a 256-step run where K=0 is best, K=1 13% behind and K=2 and 3 more than 20%,
 K=1 is probed twice and K=2 and 3 once.
 
+Batching. While K=0 leads, a stretch of drafting steps among plain ones costs more
+than its steps: its WARM twins, and a first step of each kernel after another dearer
+than its next. At one row of the embedded model (bench/switch_cost.py) the twins run
+1.15-1.27x a steady plain step, a drafting K's first step 1.07-1.11x its second, the
+first plain step after them 1.02-1.09x: a two-step probe costs 1.4-2.6 plain steps
+beyond the tokens it commits (0.5-1% of a 256-step request), about one of them the
+twins' and the switches'. So once a drafting step has run, the drafting probes due
+within half their wait (and a drafting K's confirmation) run right after it, on the
+slots it left warm, rather than each after twins of its own later.
+
 Drift. A shared machine's speed changes by half over tens of steps, and a K not chosen
 is measured only at its probes: a cost taken while the machine was slow, held against
 one taken since it sped up, would keep the policy on a worse K until the next probe
@@ -281,17 +291,21 @@ class AdaptiveSpeculation(Speculation):
         or a K whose probe is due (the one with the best rate). Another K than the best
         runs only while the bucket's speed is of now (`_timed`)."""
         best = max(self.ks, key=rates.__getitem__)
-        # a drafting K after K=0 waits for WARM twin steps before it (see keep_slots)
-        timed = self._timed(bucket) and (best or self._twins >= self.WARM)
+        # a drafting K after K=0 waits for WARM twin steps before it (see keep_slots),
+        # unless the step before drafted: then the slots are warm, and while K=0 leads
+        # the drafting probes due soon run now, on them (see Batching)
+        warm = not best and bool(self._observed)
+        timed = self._timed(bucket) and (best or warm or self._twins >= self.WARM)
         fresh = [k for k in self.ks if k != best and not self._cost(k, bucket).samples]
         if fresh and step > self.FRESH and timed:
             return max(fresh, key=rates.__getitem__)
-        confirm = self._confirm(best, bucket, step) if timed else None
+        confirm = self._confirm(best, bucket, step, warm) if timed else None
         if confirm is not None:
             self._again = confirm
             return confirm
         due = [k for k in self.ks if k != best and timed
-               and step - self._cost(k, bucket).ran_at >= self._wait(k, bucket, rates, best)]
+               and step - self._cost(k, bucket).ran_at
+               >= self._wait(k, bucket, rates, best, warm)]
         if not due:
             self._lead(best, bucket, step)
             self._cost(best, bucket).wait = self.probe_every
@@ -325,22 +339,26 @@ class AdaptiveSpeculation(Speculation):
         self._leader[bucket] = best
         self._probed.discard(bucket)
 
-    def _confirm(self, best: int, bucket: int, step: int) -> int | None:
-        """The displaced K, once its confirming probe is due (unless it leads again)."""
+    def _confirm(self, best: int, bucket: int, step: int, warm: bool) -> int | None:
+        """The displaced K, once its confirming probe is due (unless it leads again); a
+        drafting one at once while the slots are `warm`."""
         pending = self._confirming.get(bucket)
-        if pending is None or step < pending[1]:
+        if pending is None or step < pending[1] and not (warm and pending[0]):
             return None
         del self._confirming[bucket]
         return None if pending[0] == best else pending[0]
 
-    def _wait(self, k: int, bucket: int, rates: dict[int, float], best: int) -> int:
+    def _wait(self, k: int, bucket: int, rates: dict[int, float], best: int,
+              warm: bool = False) -> int:
         """Steps of the bucket a K not chosen waits, since it last ran, for its probe:
         FAR times longer when it is more than SLACK behind the best (twice SLACK after one
-        measurement: it may have been slowed by something else)."""
+        measurement: it may have been slowed by something else); on `warm` slots, half
+        (see Batching)."""
         cost = self._cost(k, bucket)
         behind = 1 - rates[k] / rates[best]
         far = behind > self.SLACK * (1 if len(cost.samples) > 1 else 2)
-        return cost.wait * (self.FAR if far else 1)
+        wait = cost.wait * (self.FAR if far else 1)
+        return wait // 2 if warm else wait
 
     def _rates(self, rows: Sequence[Acceptance],
                left: Sequence[float] | None) -> dict[int, float]:

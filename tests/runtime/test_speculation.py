@@ -160,9 +160,10 @@ def test_probes_back_off_and_wait_longer_for_a_k_far_behind():
         sim.step(policy, 1)
         ran[policy._observed].append(step)
     # K=1: measured at step 2; probed 8 x FAR steps later; then it waits 16 x FAR, then
-    # 32 x FAR. K=2: measured at 3; due at 35, probed once K=1's probe ends and K=0 has
-    # run WARM twin steps again (a drafting step after K=0 drafts as after fused ones).
-    p1, p2 = 2 + 8 * far, 3 + 8 * far + 1 + policy.WARM
+    # 32 x FAR. K=2: measured at 3; due at 35, probed right after K=1's probe, on the
+    # slots it left warm (no twin steps of its own before it: see Batching), and so on.
+    p1 = 2 + 8 * far
+    p2 = p1 + 2
     assert ran[1] == [2, p1, p1 + 1, p1 + 1 + 16 * far, p1 + 2 + 16 * far,
                       p1 + 2 + 48 * far, p1 + 3 + 48 * far]
     assert ran[2] == [3, p2, p2 + 1, p2 + 1 + 16 * far, p2 + 2 + 16 * far,
@@ -295,6 +296,26 @@ def test_k0_runs_plain_while_it_leads_and_the_twin_only_before_a_drafting_step()
     twins = sum(twin for _, twin in runs)
     plain = sum(1 for k, twin in runs if not k and not twin)
     assert twins <= warm * (len(drafting) + 2) and plain > 2 * twins
+
+
+def test_while_k0_leads_the_drafting_probes_due_soon_run_together():
+    """K=0 leads at 64 rows; K=1 is probed every 4x24 steps, K=2 and 3 (far behind)
+    less often. A probe of K=2 or 3 due within half its wait runs right after K=1's, on
+    the slots K=1's steps left warm: no stretch of drafting steps but the first (each K
+    measured) starts with another K than 1, and each pays WARM twins once."""
+    policy = AdaptiveSpeculation(3, probe_every=24)
+    sim = Simulated([0.4] * 3, lambda k, rows: 1 + 0.6 * k, twin=1.1)
+    runs = _k_runs(sim, policy, 64, 1200)
+    stretches, ks = [], []
+    for k, _ in runs + [(0, False)]:
+        if k:
+            ks.append(k)
+        elif ks:
+            stretches.append(ks)
+            ks = []
+    assert all(s[:2] == [1, 1] for s in stretches[1:]), stretches
+    assert sum(2 in s for s in stretches) >= 4 and sum(3 in s for s in stretches) >= 4
+    assert sum(twin for _, twin in runs) <= policy.WARM * len(stretches)
 
 
 def test_k0_probes_among_drafting_steps_run_plain():
