@@ -34,7 +34,7 @@ STEADY = 8         # plain steps after the stretch from which one is steady
 def stretch(steps: list[Step], pattern: list[int]) -> tuple[list[float], float]:
     """Per place of the stretch and the AFTER steps after it: the median seconds over a
     steady plain step's; and the plain steps lost per stretch (the median cycle's)."""
-    start = pattern.index(-1)                 # the cycle: plain, twins, drafts, plain
+    start = next(i for i, k in enumerate(pattern) if k)   # plain, twins, drafts, plain
     places = list(range(start, len(pattern))) + list(range(AFTER))
     steady = statistics.median(s.seconds for s in steps if s.seconds is not None
                                and STEADY <= s.place < start)
