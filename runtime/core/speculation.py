@@ -51,7 +51,7 @@ kernels (`keep_slots`, set by each choice):
 
 so a switch never recomputes. K=0 runs plain, as a probe among drafting steps too (two
 steps: a two-row hole), except while it leads and a drafting step is due within WARM
-steps (a probe, a confirmation, a K not yet run in the bucket): the twin then fills the
+steps (a probe, a confirmation, a K not yet measured in the bucket): the twin then fills the
 window's last rows, and the drafting step waits for WARM of them, so that it drafts as a
 drafting request would (after a long plain stretch with nothing whole, a probe read a
 request's acceptance low and kept it on K=0). Four are enough: at eight rows of the
@@ -70,7 +70,12 @@ nearest K run in both. It runs the K that is best by these, and measures the oth
 it has lasted FRESH steps, so that the few steps of a bucket passed through as a batch
 drains are not spent measuring; and no K but the best runs in a bucket before the best
 has run three steps there within the last SPEED, SETTLE steps or more after the last
-step that prefilled (its speed of now, see Drift and `_timed`). Then a K not
+step that prefilled (its speed of now, see Drift and `_timed`). The first measurement
+of each K is taken before that (the first steps, at any speed), so it counts as not run
+until measured again at the speed of now: it may be a first use, or the step right after
+a prefill (at one row of the embedded model 1.16x a steady step; the bench's warm-up
+request gave K=0 such a step, and K=1 led the next request on it for 36 steps, to K=0's
+first probe). Then a K not
 chosen is tried again, for two steps, once `probe_every` steps of the bucket have passed
 since it was last run, so that a cost or an acceptance that changed is seen.
 Each probe doubles that wait (up to MAX_WAIT times: costs go stale), and choosing the K
@@ -204,6 +209,7 @@ class _Cost:
     wait: int
     samples: deque[float] = field(default_factory=lambda: deque(maxlen=5))
     ran_at: int = 0
+    timed: bool = False         # its samples taken while its bucket's speed was of now
 
     @property
     def seconds(self) -> float:
@@ -287,16 +293,16 @@ class AdaptiveSpeculation(Speculation):
         return k
 
     def _pick(self, rates: dict[int, float], bucket: int, step: int) -> int:
-        """The best K; or, once the bucket has lasted FRESH steps, a K not yet run in it;
-        or a K whose probe is due (the one with the best rate). Another K than the best
-        runs only while the bucket's speed is of now (`_timed`)."""
+        """The best K; or, once the bucket has lasted FRESH steps, a K not yet measured
+        in it at its speed of now; or a K whose probe is due (the one with the best rate).
+        Another K than the best runs only while the bucket's speed is of now (`_timed`)."""
         best = max(self.ks, key=rates.__getitem__)
         # a drafting K after K=0 waits for WARM twin steps before it (see keep_slots),
         # unless the step before drafted: then the slots are warm, and while K=0 leads
         # the drafting probes due soon run now, on them (see Batching)
         warm = not best and bool(self._observed)
         timed = self._timed(bucket) and (best or warm or self._twins >= self.WARM)
-        fresh = [k for k in self.ks if k != best and not self._cost(k, bucket).samples]
+        fresh = [k for k in self.ks if k != best and not self._cost(k, bucket).timed]
         if fresh and step > self.FRESH and timed:
             return max(fresh, key=rates.__getitem__)
         confirm = self._confirm(best, bucket, step, warm) if timed else None
@@ -318,10 +324,11 @@ class AdaptiveSpeculation(Speculation):
 
     def _drafting_in(self, rates: dict[int, float], bucket: int, step: int) -> int:
         """Steps of the bucket until a drafting K runs while K=0 leads: its probe, the
-        confirmation of the K it displaced, or a K not yet run in the bucket."""
+        confirmation of the K it displaced, or a K not yet measured in the bucket at its
+        speed of now."""
         due = [self._cost(k, bucket).ran_at + self._wait(k, bucket, rates, 0) - step
                for k in self.ks if k]
-        if any(not self._cost(k, bucket).samples for k in self.ks if k):
+        if any(not self._cost(k, bucket).timed for k in self.ks if k):
             due.append(self.FRESH + 1 - step)
         pending = self._confirming.get(bucket)
         if pending is not None and pending[0]:
@@ -495,12 +502,16 @@ class AdaptiveSpeculation(Speculation):
             return
         bucket = _bucket(rows)
         cost = self._cost(k, bucket)
+        timed = self._timed(bucket)             # as when the step was chosen
         self._decoded += 1
         self._since_prefill += 1
         if k == self._best and cost.samples:
             self._speed.setdefault(bucket, deque(maxlen=3)).append(
                 (self._decoded, seconds / cost.seconds))
         else:
+            if timed and not cost.timed:        # the first at the speed of now replaces
+                cost.samples.clear()            # those taken before it
+            cost.timed |= timed
             cost.samples.append(seconds / self._now(bucket))
             self._probed.add(bucket)
             self._served = None
