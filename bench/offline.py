@@ -24,6 +24,11 @@ instead, its checkpoint built from --model by bench/deep_checkpoint.py (the embe
 model's layers, then layers that compute in full and pass their input on: the embedded
 model's outputs and acceptance at four times the depth).
 
+`adaptive@REV` in `--speculation` adds the adaptive policy as it was at git revision
+REV (its runtime/core/speculation.py, read with `git show`) on an engine of today's
+code: a change to the policy side by side with what it changes, in the same rounds
+(the summary adds their paired ratio).
+
 `--spread` gives request i of n max-tokens (i + 1) / n tokens, so that a batch drains
 from n rows to 1 as requests of mixed lengths do (the best K at n rows and at a few rows
 can differ: a fixed K holds one of them).
@@ -50,8 +55,11 @@ line per backend says how long that took.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -90,13 +98,14 @@ def prompts(n: int, length: int, model: Path) -> list[list[int]]:
 
 
 def settings(spec: str, given: str) -> dict[str, tuple[int, str]]:
-    """(K, policy) of each --speculation entry by its label: a K, or "adaptive" (up to
-    the spec's largest servable K). An entry given twice is a control: its second
-    engine is labelled "... again"."""
+    """(K, policy) of each --speculation entry by its label: a K, "adaptive" (up to
+    the spec's largest servable K), or "adaptive@REV" (that, as the policy was at git
+    revision REV). An entry given twice is a control: its second engine is labelled
+    "... again"."""
     most = max(servable_ks(generated.load(spec).contract))
     out: dict[str, tuple[int, str]] = {}
     for s in given.split(","):
-        setting = (most, "adaptive") if s == "adaptive" else (int(s), "fixed")
+        setting = (most, s) if s.split("@")[0] == "adaptive" else (int(s), "fixed")
         name = label(*setting)
         if name + AGAIN in out:
             raise SystemExit(f"--speculation: {s} given more than twice (one control each)")
@@ -105,7 +114,24 @@ def settings(spec: str, given: str) -> dict[str, tuple[int, str]]:
 
 
 def label(k: int, policy: str) -> str:
-    return f"adaptive <= {k}" if policy == "adaptive" else f"K={k}" if k else "off"
+    if policy.startswith("adaptive"):
+        return f"adaptive <= {k}" + policy.removeprefix("adaptive")
+    return f"K={k}" if k else "off"
+
+
+def policy_at(rev: str, k: int):
+    """The adaptive policy over K up to `k` as runtime/core/speculation.py had it at git
+    revision `rev`."""
+    root = Path(__file__).resolve().parent.parent
+    text = subprocess.run(["git", "show", f"{rev}:runtime/core/speculation.py"], cwd=root,
+                          capture_output=True, text=True, check=True).stdout
+    path = Path(tempfile.mkdtemp()) / f"speculation_{rev}.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module           # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module.AdaptiveSpeculation(k)
 
 
 def build(args, backend: str, k: int, executor: str = "uni", cache: str = "auto",
@@ -113,14 +139,18 @@ def build(args, backend: str, k: int, executor: str = "uni", cache: str = "auto"
     # the prompts repeat (held-out files, cycled): with prefix caching the figures would
     # measure reuse, which bench/prefix.py measures; here every prompt is computed
     spec = served(args.spec, cache).SPEC_NAME
+    policy, _, rev = policy.partition("@")
     config = EngineConfig(spec=spec, model=args.model, num_speculative_tokens=k,
                           speculative_policy=policy, backend=backend, device=args.device,
                           distributed_executor_backend=executor, enable_prefix_caching=False)
     engine = Engine.build(config)
+    if rev:
+        engine.scheduler.speculation = policy_at(rev, k)
     start = time.perf_counter()
     seconds = engine.warmup()
     if seconds:
-        print(f"# {backend} MTP {label(k, policy)}: {len(seconds)} graphs compiled or "
+        name = label(k, policy + (rev and "@" + rev))
+        print(f"# {backend} MTP {name}: {len(seconds)} graphs compiled or "
               f"loaded in {time.perf_counter() - start:.1f} s", flush=True)
     return engine
 
@@ -281,17 +311,29 @@ def _speculation_summary(rates: dict[tuple[str, int], dict[str, list[float]]]) -
             continue
         mid = {mtp: sorted(r)[len(r) // 2] for mtp, r in fixed.items()}
         best = max(mid, key=mid.get)
-        mtp, runs = adaptive[0]
-        rate = sorted(runs)[len(runs) // 2]
-        beats = all(rate > r for r in mid.values())
-        tops = [max(fixed, key=lambda m: fixed[m][i]) for i in range(len(runs))]
-        each = [f"{a / fixed[top][i]:.3f}x ({top})" for i, (a, top) in enumerate(zip(runs, tops))]
-        paired = sorted(a / b for a, b in zip(runs, fixed[best]))
-        print(f"{backend}, concurrency {n}: {mtp} {rate:.1f} tok/s, best fixed {best} "
-              f"{mid[best]:.1f}: {rate / mid[best]:.3f}x"
-              f"{' (beats every fixed K)' if beats else ''}; round by round, against "
-              f"that round's best: {', '.join(each)}; paired, "
-              f"against {best}: median {paired[len(paired) // 2]:.3f}x")
+        for mtp, runs in adaptive:
+            rate = sorted(runs)[len(runs) // 2]
+            beats = all(rate > r for r in mid.values())
+            tops = [max(fixed, key=lambda m: fixed[m][i]) for i in range(len(runs))]
+            each = [f"{a / fixed[top][i]:.3f}x ({top})"
+                    for i, (a, top) in enumerate(zip(runs, tops))]
+            paired = sorted(a / b for a, b in zip(runs, fixed[best]))
+            print(f"{backend}, concurrency {n}: {mtp} {rate:.1f} tok/s, best fixed {best} "
+                  f"{mid[best]:.1f}: {rate / mid[best]:.3f}x"
+                  f"{' (beats every fixed K)' if beats else ''}; round by round, against "
+                  f"that round's best: {', '.join(each)}; paired, "
+                  f"against {best}: median {paired[len(paired) // 2]:.3f}x")
+        for mtp, runs in adaptive[1:]:
+            _versus(backend, n, adaptive[0], (mtp, runs))
+
+
+def _versus(backend: str, n: int, a: tuple[str, list[float]],
+            b: tuple[str, list[float]]) -> None:
+    """Two adaptive settings (one at a git revision), round by round and paired."""
+    ratios = [x / y for x, y in zip(a[1], b[1])]
+    print(f"{backend}, concurrency {n}: {a[0]} against {b[0]}: round by round "
+          f"{', '.join(f'{r:.3f}x' for r in ratios)}; paired: median "
+          f"{sorted(ratios)[len(ratios) // 2]:.3f}x")
 
 
 def _control(backend: str, n: int, mtp: str, runs: list[float], copies: list[float]) -> None:
@@ -321,7 +363,8 @@ def main() -> None:
                         help="uni (every rank in one process), mp (a process per rank), "
                              "or both: uni,mp")
     parser.add_argument("--speculation", default="0,1",
-                        help="MTP settings, comma-separated: K (0: off) or adaptive")
+                        help="MTP settings, comma-separated: K (0: off), adaptive, or "
+                             "adaptive@REV (the policy as at git revision REV)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="rounds of every setting and concurrency in turn; the "
                              "figures are the median round's")
