@@ -420,6 +420,11 @@ class AdaptiveSpeculation(Speculation):
                 break
         return out
 
+    def cost(self, k: int, rows: int) -> float:
+        """The seconds the policy holds for a step of K at `rows` rows, at the machine's
+        speed now (measured, or borrowed from the nearest bucket: `_normal`)."""
+        return self._seconds(k, _bucket(rows))
+
     def _seconds(self, k: int, bucket: int) -> float:
         """cost(K, bucket) at the machine's speed now (see Drift in the module docstring)."""
         return self._normal(k, bucket) * self._now(bucket)

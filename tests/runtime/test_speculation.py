@@ -96,12 +96,12 @@ def test_a_new_bucket_starts_from_its_neighbours_costs():
         sim.step(policy, 8)
         ks.append(policy._observed)
     assert ks == [3] * policy.FRESH + [2, 1, 0, 3], ks
-    assert policy._seconds(1, 4) == pytest.approx(2.4)              # measured now
+    assert policy.cost(1, 8) == pytest.approx(2.4)              # measured now
     # 16 rows cost three times four: K=3 runs, and the others' costs at 8 rows are
     # scaled by K=3's ratio between the two buckets
     sim.step(policy, 16)
     assert policy._observed == 3
-    assert [policy._seconds(k, 5) for k in range(3)] == pytest.approx([3.0, 3.6, 4.2])
+    assert [policy.cost(k, 16) for k in range(3)] == pytest.approx([3.0, 3.6, 4.2])
 
 
 def test_a_slow_first_measurement_does_not_decide():
@@ -545,7 +545,7 @@ def test_a_bucket_come_back_to_times_its_best_before_it_probes_another_k():
         sim.step(policy, 1)
     assert sim.ks[back:] == [0] * (3 + policy.WARM) + [1, 1]
     assert sim.kept[back:back + 3 + policy.WARM] == [False] * 3 + [True] * policy.WARM
-    k0, k1 = policy._seconds(0, 1), policy._seconds(1, 1)
+    k0, k1 = policy.cost(0, 1), policy.cost(1, 1)
     assert k1 / k0 == pytest.approx(1.8)
 
 

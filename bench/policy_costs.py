@@ -1,0 +1,93 @@
+"""The cost the adaptive policy holds for each K, against what a step of that K costs
+when it runs steadily, in the same rounds: how far its probes' readings are from the
+steps they measure. Prints figures; asserts nothing.
+
+    .venv/bin/python bench/policy_costs.py [--concurrency 1] [--between 64] [--rounds 3]
+                                           [--deep] [--max-tokens 256]
+
+Each round runs the engines of fixed K = 0 .. the spec's largest and the adaptive one
+side by side (bench/offline.py's decode_rows: one step of each in turn) on
+`concurrency` held-out prompts, then, with `--between`, a batch of that many rows (the
+rounds of the README's table run 1, 8 and 64 in turn, so the policy comes back to one
+row from others). After each round at `concurrency` it prints, per K: the fixed
+engine's steady step (the median of its decode-only steps) over fixed K=0's, the cost
+the adaptive policy holds for K at that row count over the one it holds for K=0, their
+ratio, and adaptive's steps of K among its decode-only steps (twins not counted).
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import generated  # noqa: E402
+from bench import offline  # noqa: E402
+from bench.args import bench_parser  # noqa: E402
+from runtime.planning.admission import servable_ks  # noqa: E402
+
+
+def record(engine) -> list[tuple[int, float]]:
+    """(K, seconds) of each decode-only step the engine's policy is told of from now."""
+    steps: list[tuple[int, float]] = []
+    policy = engine.scheduler.speculation
+    observe = policy.observe
+
+    def recorded(k, rows, seconds, drafts, twin=False):
+        if seconds is not None and not twin:
+            steps.append((k, seconds))
+        observe(k, rows, seconds, drafts, twin)
+
+    policy.observe = recorded
+    return steps
+
+
+def main() -> None:
+    parser = bench_parser(__doc__, max_tokens=256)
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--between", type=int, default=64,
+                        help="rows of the batch run between rounds (0: none)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--deep", action="store_true",
+                        help="the 16-layer model of specs/tiny-deep.yaml, built from --model")
+    parser.add_argument("--device", default=None, help="default: the spec's")
+    args = parser.parse_args()
+    if args.deep:
+        from bench.deep_checkpoint import build as build_deep
+        from runtime.backends.compiled.graphs import cache_dir
+
+        args.spec = "tiny-deep"
+        layers = generated.load(args.spec).architecture.CONFIG["num_hidden_layers"]
+        args.model = build_deep(args.model, cache_dir() / "checkpoints" / args.spec, layers)
+    most = max(servable_ks(generated.load(args.spec).contract))
+    ks = list(range(most + 1))
+    engines = {k: offline.build(args, "compiled", k) for k in ks}
+    engines["adaptive"] = offline.build(args, "compiled", most, policy="adaptive")
+    steps = {name: record(engine) for name, engine in engines.items()}
+    policy = engines["adaptive"].scheduler.speculation
+    n = args.concurrency
+    print(f"spec {args.spec}, {n} rows, {args.max_tokens} tokens, {args.rounds} rounds"
+          f"{f', {args.between} rows between' if args.between else ''}")
+    print("| round | K | steady step / K=0's | policy's cost / K=0's | policy / steady "
+          "| adaptive's steps |\n|---|---|---|---|---|---|")
+    for i in range(args.rounds):
+        for log in steps.values():
+            log.clear()
+        offline.decode_rows(engines, offline.prompts(n, args.prompt_len, args.model),
+                            args.max_tokens, n)
+        steady = {k: statistics.median(s for _, s in steps[k]) for k in ks}
+        chosen = {k: sum(1 for j, _ in steps["adaptive"] if j == k) for k in ks}
+        for k in ks[1:]:
+            fixed = steady[k] / steady[0]
+            held = policy.cost(k, n) / policy.cost(0, n)
+            print(f"| {i + 1} | {k} | {fixed:.2f} | {held:.2f} | {held / fixed:.2f} "
+                  f"| {chosen[k]} of {sum(chosen.values())} |", flush=True)
+        if args.between:
+            offline.decode_rows(engines, offline.prompts(args.between, args.prompt_len,
+                                                         args.model),
+                                args.max_tokens, args.between)
+
+
+if __name__ == "__main__":
+    main()
