@@ -3,7 +3,7 @@ when it runs steadily, in the same rounds: how far its probes' readings are from
 steps they measure. Prints figures; asserts nothing.
 
     .venv/bin/python bench/policy_costs.py [--concurrency 1] [--between 64] [--rounds 3]
-                                           [--deep] [--max-tokens 256]
+                                           [--deep] [--max-tokens 256] [--samples]
 
 Each round runs the engines of fixed K = 0 .. the spec's largest and the adaptive one
 side by side (bench/offline.py's decode_rows: one step of each in turn) on
@@ -13,6 +13,11 @@ row from others). After each round at `concurrency` it prints, per K: the fixed
 engine's steady step (the median of its decode-only steps) over fixed K=0's, the cost
 the adaptive policy holds for K at that row count over the one it holds for K=0, their
 ratio, and adaptive's steps of K among its decode-only steps (twins not counted).
+
+`--samples` also prints each cost sample the policy took at `concurrency` rows in the
+round: its step, K, the step's seconds over the median of the three plain K=0 steps
+before it and the three after (what it cost beside them), and the sample over the cost
+the policy held for K=0 then (what it recorded).
 """
 from __future__ import annotations
 
@@ -28,19 +33,43 @@ from bench.args import bench_parser  # noqa: E402
 from runtime.planning.admission import servable_ks  # noqa: E402
 
 
-def record(engine) -> list[tuple[int, float]]:
-    """(K, seconds) of each decode-only step the engine's policy is told of from now."""
-    steps: list[tuple[int, float]] = []
+def record(engine, rows: int) -> list[tuple[int, float, float | None]]:
+    """(K, seconds, the cost sample it gave over the K=0 cost held then, or None) of each
+    decode-only step of `rows` rows the engine's policy is told of from now."""
+    steps: list[tuple[int, float, float | None]] = []
     policy = engine.scheduler.speculation
     observe = policy.observe
+    costs = getattr(policy, "costs", {})
 
-    def recorded(k, rows, seconds, drafts, twin=False):
-        if seconds is not None and not twin:
-            steps.append((k, seconds))
-        observe(k, rows, seconds, drafts, twin)
+    def samples(k: int) -> list[float]:
+        cost = costs.get((k, rows.bit_length()))      # the policy's bucket of `rows`
+        return list(cost.samples) if cost else []
+
+    def recorded(k, n, seconds, drafts, twin=False):
+        before = samples(k)
+        observe(k, n, seconds, drafts, twin)
+        if seconds is None or twin or n != rows:
+            return
+        after, k0 = samples(k), samples(0)
+        taken = after[-1] / statistics.median(k0) if after != before and k0 else None
+        steps.append((k, seconds, taken))
 
     policy.observe = recorded
     return steps
+
+
+def print_samples(round_: int, steps: list[tuple[int, float, float | None]]) -> None:
+    """Each sample of a round: its step against the plain K=0 steps around it, and as the
+    policy recorded it (over its K=0 cost)."""
+    plain = [i for i, (k, _, _) in enumerate(steps) if not k]
+    for i, (k, seconds, taken) in enumerate(steps):
+        if taken is None:
+            continue
+        near = [steps[j][1] for j in plain if j < i][-3:] + [steps[j][1] for j in plain
+                                                            if j > i][:3]
+        beside = seconds / statistics.median(near) if near else float("nan")
+        print(f"  round {round_} step {i}: K={k}, {beside:.2f} of the plain steps beside "
+              f"it, recorded {taken:.2f} of K=0's cost")
 
 
 def main() -> None:
@@ -52,6 +81,8 @@ def main() -> None:
     parser.add_argument("--deep", action="store_true",
                         help="the 16-layer model of specs/tiny-deep.yaml, built from --model")
     parser.add_argument("--device", default=None, help="default: the spec's")
+    parser.add_argument("--samples", action="store_true",
+                        help="print each cost sample the policy took, beside its neighbours")
     args = parser.parse_args()
     if args.deep:
         from bench.deep_checkpoint import build as build_deep
@@ -64,7 +95,7 @@ def main() -> None:
     ks = list(range(most + 1))
     engines = {k: offline.build(args, "compiled", k) for k in ks}
     engines["adaptive"] = offline.build(args, "compiled", most, policy="adaptive")
-    steps = {name: record(engine) for name, engine in engines.items()}
+    steps = {name: record(engine, args.concurrency) for name, engine in engines.items()}
     policy = engines["adaptive"].scheduler.speculation
     n = args.concurrency
     print(f"spec {args.spec}, {n} rows, {args.max_tokens} tokens, {args.rounds} rounds"
@@ -76,13 +107,15 @@ def main() -> None:
             log.clear()
         offline.decode_rows(engines, offline.prompts(n, args.prompt_len, args.model),
                             args.max_tokens, n)
-        steady = {k: statistics.median(s for _, s in steps[k]) for k in ks}
-        chosen = {k: sum(1 for j, _ in steps["adaptive"] if j == k) for k in ks}
+        steady = {k: statistics.median(s for _, s, _ in steps[k]) for k in ks}
+        chosen = {k: sum(1 for j, _, _ in steps["adaptive"] if j == k) for k in ks}
         for k in ks[1:]:
             fixed = steady[k] / steady[0]
             held = policy.cost(k, n) / policy.cost(0, n)
             print(f"| {i + 1} | {k} | {fixed:.2f} | {held:.2f} | {held / fixed:.2f} "
                   f"| {chosen[k]} of {sum(chosen.values())} |", flush=True)
+        if args.samples:
+            print_samples(i + 1, steps["adaptive"])
         if args.between:
             offline.decode_rows(engines, offline.prompts(args.between, args.prompt_len,
                                                          args.model),
