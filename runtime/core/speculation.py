@@ -109,6 +109,16 @@ another bucket's speed would be off by the machine's change between them (a K me
 at 1.25x a plain step's cost at one row, where it costs 2x, and chosen for the whole of
 the next run).
 
+Switches. The first plain step after drafting ones costs more than the plain steps
+after it (the kernels switch): at one row of the embedded model 1.02-1.15x in a steady
+run, up to 1.4x after a request's first drafting steps (bench/policy_costs.py
+--samples). Taken as K=0's cost while a drafting K leads, one such step made K=1 lead at
+1.33x K=0's cost where it costs 1.6x, for a hundred steps. So a plain step right after a
+drafting one in its bucket is not a cost sample (the bucket's speed aside, the leader's
+steps tell it), and a measurement of K=0 among drafting steps runs two steps: its probe
+(as any probe), and its first measurement at the bucket's speed of now. A probe's second
+step runs in the probe's bucket only: a step of another bucket in between drops it.
+
 Confirmation. A K that displaced the one chosen before right after a probe (some cost
 of the bucket measured since the last step of the one before) was chosen because its
 probes measured well, maybe by chance (the machine idle for those steps): CONFIRM steps
@@ -260,7 +270,7 @@ class AdaptiveSpeculation(Speculation):
         self.acceptance = Acceptance()
         self._steps: dict[int, int] = {}           # decode steps per bucket
         self.chosen: dict[int, int] = {}           # steps per K (the metrics' histogram)
-        self._again: int | None = None             # a probe's K, for its second step
+        self._again: tuple[int, int] | None = None  # (K, bucket) of a probe's second step
         self._best: int | None = None              # the K chosen for its rate this step
         self._leader: dict[int, int] = {}          # per bucket: the K chosen for its rate
         self._confirming: dict[int, tuple[int, int]] = {}  # per bucket: (K, due step)
@@ -271,6 +281,7 @@ class AdaptiveSpeculation(Speculation):
         self._twins = 0                            # twin steps since the last other
         self._probed: set[int] = set()             # buckets measured since their leader ran
         self._observed: int | None = None          # the K of the step observed last
+        self._drafted_in: int | None = None        # its bucket, if it drafted
         self._served: _Served | None = None        # the rates of the last computation
 
     def choose(self, rows: Sequence[Acceptance],
@@ -279,8 +290,9 @@ class AdaptiveSpeculation(Speculation):
         step = self._steps[bucket] = self._steps.get(bucket, 0) + 1
         unmeasured = [k for k in self.ks if k not in self._measured]
         self._best, self.keep_slots = None, False
-        if self._again is not None:
-            k, self._again = self._again, None
+        again, self._again = self._again, None
+        if again is not None and again[1] == bucket:    # (another bucket's: dropped)
+            k = again[0]
         elif unmeasured:
             k = unmeasured[0]
         else:
@@ -304,10 +316,12 @@ class AdaptiveSpeculation(Speculation):
         timed = self._timed(bucket) and (best or warm or self._twins >= self.WARM)
         fresh = [k for k in self.ks if k != best and not self._cost(k, bucket).timed]
         if fresh and step > self.FRESH and timed:
-            return max(fresh, key=rates.__getitem__)
+            k = max(fresh, key=rates.__getitem__)
+            self._again = None if k else (k, bucket)  # plain: its first step is a switch
+            return k
         confirm = self._confirm(best, bucket, step, warm) if timed else None
         if confirm is not None:
-            self._again = confirm
+            self._again = confirm, bucket
             return confirm
         due = [k for k in self.ks if k != best and timed
                and step - self._cost(k, bucket).ran_at
@@ -317,7 +331,8 @@ class AdaptiveSpeculation(Speculation):
             self._cost(best, bucket).wait = self.probe_every
             self._best = best
             return best
-        k = self._again = max(due, key=rates.__getitem__)
+        k = max(due, key=rates.__getitem__)
+        self._again = k, bucket
         cost = self._cost(k, bucket)
         cost.wait = min(2 * cost.wait, self.MAX_WAIT * self.probe_every)
         return k
@@ -501,15 +516,22 @@ class AdaptiveSpeculation(Speculation):
     def observe(self, k: int, rows: int, seconds: float | None,
                 drafts: Sequence[tuple[Acceptance, int]], twin: bool = False) -> None:
         self._count(k, drafts, twin)
+        bucket = _bucket(rows)
+        # a plain step right after a drafting one of its bucket (see Switches)
+        switch = not k and self._drafted_in == bucket
+        self._drafted_in = bucket if k else None
         self._observed = k
         self._twins = self._twins + 1 if twin else 0
         if seconds is None or rows <= 0 or twin:
             return
-        bucket = _bucket(rows)
         cost = self._cost(k, bucket)
         timed = self._timed(bucket)             # as when the step was chosen
         self._decoded += 1
         self._since_prefill += 1
+        self._rows.setdefault(bucket, deque(maxlen=9)).append(rows)
+        self._measured.add(k)
+        if switch:          # dearer than the plain steps after it
+            return
         if k == self._best and cost.samples:
             self._speed.setdefault(bucket, deque(maxlen=3)).append(
                 (self._decoded, seconds / cost.seconds))
@@ -520,8 +542,6 @@ class AdaptiveSpeculation(Speculation):
             cost.samples.append(seconds / self._now(bucket))
             self._probed.add(bucket)
             self._served = None
-        self._rows.setdefault(bucket, deque(maxlen=9)).append(rows)
-        self._measured.add(k)
 
     def prefilled(self) -> None:
         self._since_prefill = 0

@@ -85,17 +85,18 @@ def test_each_k_is_measured_before_any_is_chosen_for_its_rate():
 def test_a_new_bucket_starts_from_its_neighbours_costs():
     """Four rows measure every K; then eight rows, each step twice the cost. The new
     bucket runs the best K by the four rows' costs (K=3: drafts nearly always kept) for
-    FRESH steps, then each other K once, best first, then the best again; a batch that
-    drains through it in fewer steps never measures the others."""
+    FRESH steps, then each other K once, best first (K=0 twice: its first step after a
+    drafting one is a switch, not its cost), then the best again; a batch that drains
+    through it in fewer steps never measures the others."""
     policy = AdaptiveSpeculation(3)
     sim = Simulated([0.95] * 3, lambda k, rows: (1 + 0.2 * k) * min(rows / 4, 3))
     for _ in range(4):
         sim.step(policy, 4)
     ks = []
-    for _ in range(policy.FRESH + 4):
+    for _ in range(policy.FRESH + 5):
         sim.step(policy, 8)
         ks.append(policy._observed)
-    assert ks == [3] * policy.FRESH + [2, 1, 0, 3], ks
+    assert ks == [3] * policy.FRESH + [2, 1, 0, 0, 3], ks
     assert policy.cost(1, 8) == pytest.approx(2.4)              # measured now
     # 16 rows cost three times four: K=3 runs, and the others' costs at 8 rows are
     # scaled by K=3's ratio between the two buckets
@@ -583,10 +584,11 @@ def test_a_k_that_displaced_another_is_confirmed_against_it():
     """Two lucky probes of K=1 in a row (four of its five samples) make it lead; CONFIRM
     steps on, the K it displaced runs again, for two steps, against K=1's steps since.
     (K=0 led from the start, so its only measurement is its first, taken before the
-    bucket's speed was known: displaced, it is measured again at once, for one step.)"""
+    bucket's speed was known: displaced, it is measured again at once, for two steps, the
+    first a switch.)"""
     policy, ks, lucky = _lucky_k1(4, 400)
-    led = lucky[-1] + 2                     # the step after the second probe, and K=0's
-    assert ks[led - 1] == 0, ks[led - 1:led + 12]
+    led = lucky[-1] + 3                     # the step after the second probe, and K=0's
+    assert ks[led - 2:led] == [0, 0], ks[led - 2:led + 12]
     assert ks[led:led + policy.CONFIRM] == [1] * policy.CONFIRM, ks[led:led + 12]
     assert ks[led + policy.CONFIRM:led + policy.CONFIRM + 2] == [0, 0], ks[led:led + 12]
 
@@ -627,6 +629,7 @@ def test_a_steady_batch_computes_its_rates_once_every_refresh_steps():
     sim.step(policy, 9)
     sim.step(policy, 9)
     assert computed == [8] * 3 + [9]
+    policy.observe(0, 9, 1.0, [])           # a switch from K=1: not a cost
     policy.observe(0, 9, 1.0, [])           # a cost measured
     sim.step(policy, 9)
     assert computed == [8] * 3 + [9] * 2
@@ -669,3 +672,39 @@ def test_a_request_that_drafts_worse_than_those_before_it_soon_runs_at_its_own_r
     assert drafting[len(drafting) // 2] < 16, drafting
     plain = [_one_at_a_time(Speculation(0), seed)[0] for seed in range(4)]
     assert sum(r for r, _ in runs) / sum(plain) >= 0.95
+
+
+def test_a_plain_step_right_after_a_drafting_one_is_not_its_cost():
+    """The first plain step after drafting ones is dearer than the next (the kernels
+    switch: at one row of the embedded model 1.1-1.4x a steady one). K=0 is 6% ahead of
+    K=1 (E(1) = 1.5 tokens for 1.6 times the seconds) but its first step after K=1 costs
+    1.5x: priced on those, K=1 would lead. A K=0 measurement after drafting steps runs
+    two steps and counts the second: K=0 runs most steps."""
+    last = [0]
+
+    def cost(k: int, rows: int) -> float:
+        switch, last[0] = k == 0 and last[0] > 0, k
+        return 1.5 if switch else (1.0, 1.6)[k]
+
+    sim = Simulated([0.5], cost, seed=3)
+    policy = AdaptiveSpeculation(1)
+    for _ in range(600):
+        sim.step(policy, 1)
+    assert policy.chosen[0] >= 0.9 * 600, policy.chosen
+    assert policy.cost(1, 1) / policy.cost(0, 1) == pytest.approx(1.6)
+
+
+def test_a_probes_second_step_runs_in_its_bucket_only():
+    """A probe of K=1 at one row, then a step of eight rows (a request joined): the eight
+    rows run their own best, K=0, not the probe's second step, which is dropped."""
+    sim = Simulated([0.1], lambda k, rows: (1.0, 1.5)[k] * rows)
+    policy = AdaptiveSpeculation(1, probe_every=8)
+    for _ in range(40):
+        sim.step(policy, 8)
+    for _ in range(200):
+        sim.step(policy, 1)
+        if len(sim.ks) > 60 and sim.ks[-2:] == [0, 1]:
+            break
+    assert sim.ks[-2:] == [0, 1]            # a probe's first step at one row
+    sim.step(policy, 8)
+    assert sim.k == 0
