@@ -35,7 +35,9 @@
               median of its last five measurements (kept at one speed), so that a step
               slowed or sped by something else (a first use, another process, a
               moment idle) does not decide the next hundred: one probe's two steps
-              do not move it alone, two probes do.
+              do not move it alone, two probes do. Of an even count, the lower of
+              the middle two: what else runs on a machine slows a step and never
+              speeds it, so of two readings the lower is nearer the step's own cost.
 
 Every K is compiled ahead (the spec's decode layouts), and a K=0 step runs one of two
 kernels (`keep_slots`, set by each choice):
@@ -75,14 +77,20 @@ of each K is taken before that (the first steps, at any speed), so it counts as 
 until measured again at the speed of now: it may be a first use, or the step right after
 a prefill (at one row of the embedded model 1.16x a steady step; the bench's warm-up
 request gave K=0 such a step, and K=1 led the next request on it for 36 steps, to K=0's
-first probe). Then a K not
-chosen is tried again, for two steps, once `probe_every` steps of the bucket have passed
-since it was last run, so that a cost or an acceptance that changed is seen.
-Each probe doubles that wait (up to MAX_WAIT times: costs go stale), and choosing the K
-for its rate resets it; a K whose rate is more than SLACK below the best (twice SLACK
-while it has one measurement) waits FAR times longer. So the probes of a long run cost
-little: in a 256-step run where K=0 is best, K=1 13% behind and K=2 and 3 more than 20%,
-K=1 is probed twice and K=2 and 3 once.
+first probe). A K that leads the bucket at the speed of now is measured at it: its
+samples are the unit the bucket's other costs are measured in from then on (Drift), so
+its first probe after it lost the lead adds to them and does not replace them (at one
+row of the embedded model, K=0's first probe after a hundred steps of its lead replaced
+its samples, one slowed plain step then moved their mean, and K=1 was held at 1.20x
+K=0's cost where it costs 1.6x: a drafting K led the next 300 steps, two requests run
+at 0.92x and 0.85x K=0's throughput). Then a K not chosen is tried again, for two steps,
+once `probe_every` steps of the bucket have passed since it was last run, so that a cost
+or an acceptance that changed is seen. Each probe doubles that wait (up to MAX_WAIT
+times: costs go stale), and choosing the K for its rate resets it; a K whose rate is
+more than SLACK below the best (twice SLACK while it has one measurement) waits FAR
+times longer. So the probes of a long run cost little: in a 256-step run where K=0 is
+best, K=1 13% behind and K=2 and 3 more than 20%, K=1 is probed twice and K=2 and 3
+once.
 
 Batching. While K=0 leads, a stretch of drafting steps among plain ones costs more
 than its steps: its WARM twins, and a first step of each kernel after another dearer
@@ -533,6 +541,8 @@ class AdaptiveSpeculation(Speculation):
         if switch:          # dearer than the plain steps after it
             return
         if k == self._best and cost.samples:
+            # the bucket's unit: the costs measured from now on are in its samples' terms
+            cost.timed |= timed
             self._speed.setdefault(bucket, deque(maxlen=3)).append(
                 (self._decoded, seconds / cost.seconds))
         else:
@@ -573,8 +583,8 @@ class AdaptiveSpeculation(Speculation):
 
 
 def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    return (ordered[(len(ordered) - 1) // 2] + ordered[len(ordered) // 2]) / 2
+    """The middle value; of an even count the lower middle (see cost(K, n) above)."""
+    return sorted(values)[(len(values) - 1) // 2]
 
 
 def _at(points: list[tuple[float, float]], rows: int) -> float:

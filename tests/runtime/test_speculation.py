@@ -582,15 +582,14 @@ def test_a_probe_that_measured_well_by_chance_does_not_displace_the_better_k():
 
 def test_a_k_that_displaced_another_is_confirmed_against_it():
     """Two lucky probes of K=1 in a row (four of its five samples) make it lead; CONFIRM
-    steps on, the K it displaced runs again, for two steps, against K=1's steps since.
-    (K=0 led from the start, so its only measurement is its first, taken before the
-    bucket's speed was known: displaced, it is measured again at once, for two steps, the
-    first a switch.)"""
+    steps on, the K it displaced runs again, for two steps (the first a switch), against
+    K=1's steps since, and leads again. (K=0 led at the bucket's speed of now, so its
+    measurement stands: it is not measured again at once when displaced.)"""
     policy, ks, lucky = _lucky_k1(4, 400)
-    led = lucky[-1] + 3                     # the step after the second probe, and K=0's
-    assert ks[led - 2:led] == [0, 0], ks[led - 2:led + 12]
-    assert ks[led:led + policy.CONFIRM] == [1] * policy.CONFIRM, ks[led:led + 12]
-    assert ks[led + policy.CONFIRM:led + policy.CONFIRM + 2] == [0, 0], ks[led:led + 12]
+    led = lucky[-1] + 1                     # the step after the second probe
+    assert ks[led:led + policy.CONFIRM] == [1] * policy.CONFIRM, ks[led - 2:led + 12]
+    back = led + policy.CONFIRM
+    assert ks[back:back + 2 + 4] == [0] * 6, ks[led:led + 12]
 
 
 def test_a_k_that_displaced_another_on_acceptance_alone_is_not_confirmed():
@@ -708,3 +707,35 @@ def test_a_probes_second_step_runs_in_its_bucket_only():
     assert sim.ks[-2:] == [0, 1]            # a probe's first step at one row
     sim.step(policy, 8)
     assert sim.k == 0
+
+
+def test_a_leaders_cost_stands_against_its_first_probe_after_it_lost_the_lead():
+    """K=0 leads a request that keeps 30% of drafts (E(1) = 1.3 tokens for 1.6 times the
+    seconds), K=1 the next, which keeps 95%; K=0's first probe then runs slowed (the
+    machine busy for that step: 2x). K=0's cost was the unit of the bucket's costs while
+    it led: the slowed reading adds to it, and the lower of the two is held, so the
+    third request, which keeps 30% again, runs K=0 once its own drafts are known. (Taken
+    alone, the reading held K=0 at 2x its cost and K=1 led the third request too.)"""
+    spiked: list[int] = []
+    phase = [1]
+
+    def cost(k: int, rows: int) -> float:
+        counted = sim.ks[-2:] == [1, 0]         # a probe's second plain step
+        if phase[0] == 2 and k == 0 and counted and not spiked:
+            spiked.append(len(sim.ks))
+            return 2.0
+        return (1.0, 1.6)[k]
+
+    sim = Simulated(lambda i: ([0.3], [0.95], [0.3])[i], cost, seed=2)
+    policy = AdaptiveSpeculation(1)
+    for _ in range(150):
+        sim.step(policy, [0])
+    phase[0] = 2
+    for _ in range(120):
+        sim.step(policy, [1])
+    assert spiked and sim.ks[spiked[0]] == 0
+    assert policy.cost(0, 1) == pytest.approx(1.0)
+    third = len(sim.ks)
+    for _ in range(100):
+        sim.step(policy, [2])
+    assert sim.ks[third:].count(0) >= 70, sim.ks[third:]
