@@ -79,18 +79,17 @@ a prefill (at one row of the embedded model 1.16x a steady step; the bench's war
 request gave K=0 such a step, and K=1 led the next request on it for 36 steps, to K=0's
 first probe). A K that leads the bucket at the speed of now is measured at it: its
 samples are the unit the bucket's other costs are measured in from then on (Drift), so
-its first probe after it lost the lead adds to them and does not replace them (at one
-row of the embedded model, K=0's first probe after a hundred steps of its lead replaced
-its samples, one slowed plain step then moved their mean, and K=1 was held at 1.20x
-K=0's cost where it costs 1.6x: a drafting K led the next 300 steps, two requests run
-at 0.92x and 0.85x K=0's throughput). Then a K not chosen is tried again, for two steps,
-once `probe_every` steps of the bucket have passed since it was last run, so that a cost
-or an acceptance that changed is seen. Each probe doubles that wait (up to MAX_WAIT
-times: costs go stale), and choosing the K for its rate resets it; a K whose rate is
-more than SLACK below the best (twice SLACK while it has one measurement) waits FAR
-times longer. So the probes of a long run cost little: in a 256-step run where K=0 is
-best, K=1 13% behind and K=2 and 3 more than 20%, K=1 is probed twice and K=2 and 3
-once.
+its first probe after it lost the lead adds to them and does not replace them (in a
+per-step trace of the bench's one-row rounds, K=0's first probe after a hundred steps of
+its lead replaced its samples, one slowed plain step then moved their mean, and K=1 was
+held at 1.2x K=0's cost where it costs 1.6x: a drafting K led the next 300 steps). Then
+a K not chosen is tried again, for two steps, once `probe_every` steps of the bucket
+have passed since it was last run, so that a cost or an acceptance that changed is seen.
+Each probe doubles that wait (up to MAX_WAIT times: costs go stale), and choosing the K
+for its rate resets it; a K whose rate is more than SLACK below the best (twice SLACK
+while it has one measurement) waits FAR times longer. So the probes of a long run cost
+little: in a 256-step run where K=0 is best, K=1 13% behind and K=2 and 3 more than 20%,
+K=1 is probed twice and K=2 and 3 once.
 
 Batching. While K=0 leads, a stretch of drafting steps among plain ones costs more
 than its steps: its WARM twins, and a first step of each kernel after another dearer
