@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
 import subprocess
 import sys
 import tempfile
@@ -173,12 +174,18 @@ def decode_row(engine: Engine, batch: list[list[int]], max_tokens: int | list[in
 
 
 def decode_rows(engines: dict[str, Engine], batch: list[list[int]],
-                max_tokens: int | list[int], concurrency: int | None = None) -> dict[str, dict]:
+                max_tokens: int | list[int], concurrency: int | None = None,
+                shuffled: bool = True) -> dict[str, dict]:
     """Each engine's figures for `batch` (each request generating `max_tokens`, or its
     own of a list), at most `concurrency` requests in flight (a closed loop: one ends,
     the next in `batch` starts; None: all at once), the engines stepping in turn (one
     step of each, then again) so that a shared machine's slow seconds fall on every
-    engine alike; each engine's seconds are its own steps'."""
+    engine alike; each engine's seconds are its own steps'. Each turn goes in a new
+    order (seeded; `shuffled` False: the engines' order every turn): a step runs slower
+    right after a dearer engine's than after a plain one (the caches it left cold), and
+    in a fixed order the engine after the dearest pays for it on every step
+    (`bench/policy_costs.py --excess --fixed-order`: the adaptive engine's plain steps,
+    stepping after fixed K=3's, took 4% more than fixed K=0's at the same moments)."""
     each = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(batch)
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in each]
     width = concurrency or len(batch)
@@ -190,9 +197,9 @@ def decode_rows(engines: dict[str, Engine], batch: list[list[int]],
         engine.stats.__init__()
         engine.executor.dispatches.clear()
         _admit(engine, ids[name], batch, params, width)
-    running = list(engines)
+    running, order = list(engines), random.Random(0)
     while running:
-        for name in list(running):
+        for name in order.sample(running, len(running)) if shuffled else list(running):
             engine = engines[name]
             start = time.perf_counter()
             outputs = engine.step()

@@ -3,7 +3,8 @@ when it runs steadily, in the same rounds: how far its probes' readings are from
 steps they measure. Prints figures; asserts nothing.
 
     .venv/bin/python bench/policy_costs.py [--concurrency 1] [--between 64] [--rounds 3]
-                                           [--deep] [--max-tokens 256] [--samples]
+                                           [--deep] [--max-tokens 256] [--samples] [--excess]
+                                           [--fixed-order]
 
 Each round runs the engines of fixed K = 0 .. the spec's largest and the adaptive one
 side by side (bench/offline.py's decode_rows: one step of each in turn) on
@@ -14,6 +15,10 @@ engine's steady step (the median of its decode-only steps) over fixed K=0's, the
 the adaptive policy holds for K at that row count over the one it holds for K=0, their
 ratio, and adaptive's steps of K among its decode-only steps (twins not counted).
 
+`--excess` also prints, each round, where adaptive's time beyond K=0's goes: each of its
+decode-only steps at `concurrency` rows less what fixed K=0's steps nearest in time take
+for the same tokens, summed by kind of step (K=0 plain, the twin, each drafting K).
+
 `--samples` also prints each cost sample the policy took at `concurrency` rows in the
 round: its step, K, the step's seconds over the median of the three plain K=0 steps
 before it and the three after (what it cost beside them), and the sample over the cost
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -58,6 +64,40 @@ def record(engine, rows: int) -> list[tuple[int, float, float | None]]:
     return steps
 
 
+def timeline(engine, rows: int) -> list[tuple[float, str, float, int]]:
+    """(when, kind, seconds, tokens) of each decode-only step of `rows` rows the engine's
+    policy is told of from now; kind "K=k", or "twin" for a K=0 step that kept the
+    MTP slots."""
+    steps: list[tuple[float, str, float, int]] = []
+    policy = engine.scheduler.speculation
+    observe = policy.observe
+
+    def timed(k, n, seconds, drafts, twin=False):
+        observe(k, n, seconds, drafts, twin)
+        if seconds is not None and n == rows:
+            tokens = sum(1 + kept for _, kept in drafts) if k else n
+            steps.append((time.perf_counter(), "twin" if twin else f"K={k}", seconds, tokens))
+
+    policy.observe = timed
+    return steps
+
+
+def print_excess(round_: int, adaptive: list[tuple[float, str, float, int]],
+                 plain: list[tuple[float, str, float, int]], rows: int) -> None:
+    """Adaptive's seconds beyond what fixed K=0's steps nearest in time (seven) take for
+    the same tokens, by kind of step, against fixed K=0's own seconds in the round."""
+    excess: dict[str, float] = {}
+    for when, kind, seconds, tokens in adaptive:
+        near = sorted(plain, key=lambda step: abs(step[0] - when))[:7]
+        base = statistics.median(step[2] for step in near)
+        excess[kind] = excess.get(kind, 0.0) + seconds - tokens / rows * base
+    total = sum(step[2] for step in plain)
+    kinds = ", ".join(f"{kind} {1e3 * x:+.1f}" for kind, x in sorted(excess.items()))
+    print(f"  round {round_}: adaptive's excess over K=0's steps, ms: {kinds}; in all "
+          f"{1e3 * sum(excess.values()):+.1f} ({sum(excess.values()) / total:+.1%} of K=0's "
+          f"{1e3 * total:.0f} ms)")
+
+
 def print_samples(round_: int, steps: list[tuple[int, float, float | None]]) -> None:
     """Each sample of a round: its step against the plain K=0 steps around it, and as the
     policy recorded it (over its K=0 cost)."""
@@ -81,6 +121,11 @@ def main() -> None:
     parser.add_argument("--deep", action="store_true",
                         help="the 16-layer model of specs/tiny-deep.yaml, built from --model")
     parser.add_argument("--device", default=None, help="default: the spec's")
+    parser.add_argument("--excess", action="store_true",
+                        help="print adaptive's time beyond K=0's steps, by kind of step")
+    parser.add_argument("--fixed-order", action="store_true",
+                        help="step the engines in one order every turn (K=0 .. the "
+                             "largest, then adaptive), not a new one each turn")
     parser.add_argument("--samples", action="store_true",
                         help="print each cost sample the policy took, beside its neighbours")
     args = parser.parse_args()
@@ -96,6 +141,7 @@ def main() -> None:
     engines = {k: offline.build(args, "compiled", k) for k in ks}
     engines["adaptive"] = offline.build(args, "compiled", most, policy="adaptive")
     steps = {name: record(engine, args.concurrency) for name, engine in engines.items()}
+    times = {name: timeline(engines[name], args.concurrency) for name in (0, "adaptive")}
     policy = engines["adaptive"].scheduler.speculation
     n = args.concurrency
     print(f"spec {args.spec}, {n} rows, {args.max_tokens} tokens, {args.rounds} rounds"
@@ -103,10 +149,10 @@ def main() -> None:
     print("| round | K | steady step / K=0's | policy's cost / K=0's | policy / steady "
           "| adaptive's steps |\n|---|---|---|---|---|---|")
     for i in range(args.rounds):
-        for log in steps.values():
+        for log in (*steps.values(), *times.values()):
             log.clear()
         offline.decode_rows(engines, offline.prompts(n, args.prompt_len, args.model),
-                            args.max_tokens, n)
+                            args.max_tokens, n, shuffled=not args.fixed_order)
         steady = {k: statistics.median(s for _, s, _ in steps[k]) for k in ks}
         chosen = {k: sum(1 for j, _, _ in steps["adaptive"] if j == k) for k in ks}
         for k in ks[1:]:
@@ -116,6 +162,8 @@ def main() -> None:
                   f"| {chosen[k]} of {sum(chosen.values())} |", flush=True)
         if args.samples:
             print_samples(i + 1, steps["adaptive"])
+        if args.excess:
+            print_excess(i + 1, times["adaptive"], times[0], n)
         if args.between:
             offline.decode_rows(engines, offline.prompts(args.between, args.prompt_len,
                                                          args.model),
