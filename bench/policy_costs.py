@@ -4,7 +4,7 @@ steps they measure. Prints figures; asserts nothing.
 
     .venv/bin/python bench/policy_costs.py [--concurrency 1] [--between 64] [--rounds 3]
                                            [--deep] [--max-tokens 256] [--samples] [--excess]
-                                           [--fixed-order]
+                                           [--fixed-order] [--host]
 
 Each round runs the engines of fixed K = 0 .. the spec's largest and the adaptive one
 side by side (bench/offline.py's decode_rows: one step of each in turn) on
@@ -18,6 +18,10 @@ ratio, and adaptive's steps of K among its decode-only steps (twins not counted)
 `--excess` also prints, each round, where adaptive's time beyond K=0's goes: each of its
 decode-only steps at `concurrency` rows less what fixed K=0's steps nearest in time take
 for the same tokens, summed by kind of step (K=0 plain, the twin, each drafting K).
+
+`--host` also prints, each round, the host time of the policy's choice and of its
+observation of a step (the medians and means per step, in microseconds), adaptive's
+against fixed K=0's: run between kernels, on the caches they left cold.
 
 `--samples` also prints each cost sample the policy took at `concurrency` rows in the
 round: its step, K, the step's seconds over the median of the three plain K=0 steps
@@ -82,6 +86,35 @@ def timeline(engine, rows: int) -> list[tuple[float, str, float, int]]:
     return steps
 
 
+def clocked(engine) -> dict[str, list[float]]:
+    """The seconds of each call of the engine's policy's choose and observe from now."""
+    policy = engine.scheduler.speculation
+    calls: dict[str, list[float]] = {}
+    for name in ("choose", "observe"):
+        setattr(policy, name, _clock(getattr(policy, name), calls.setdefault(name, [])))
+    return calls
+
+
+def _clock(call, times: list[float]):
+    """`call`, each call's seconds appended to `times`."""
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        out = call(*args, **kwargs)
+        times.append(time.perf_counter() - start)
+        return out
+    return timed
+
+
+def print_host(round_: int, calls: dict[str, dict[str, list[float]]]) -> None:
+    """Per engine and call: the median and mean microseconds of the round's calls."""
+    for name, by_call in calls.items():
+        figures = ", ".join(f"{call} {1e6 * statistics.median(t):.1f} median "
+                            f"{1e6 * statistics.mean(t):.1f} mean"
+                            for call, t in by_call.items())
+        print(f"  round {round_}: {'fixed K=0' if name == 0 else name}'s policy, "
+              f"us a step: {figures}")
+
+
 def print_excess(round_: int, adaptive: list[tuple[float, str, float, int]],
                  plain: list[tuple[float, str, float, int]], rows: int) -> None:
     """Adaptive's seconds beyond what fixed K=0's steps nearest in time (seven) take for
@@ -126,6 +159,8 @@ def main() -> None:
     parser.add_argument("--fixed-order", action="store_true",
                         help="step the engines in one order every turn (K=0 .. the "
                              "largest, then adaptive), not a new one each turn")
+    parser.add_argument("--host", action="store_true",
+                        help="print the host time of the policy's choose and observe")
     parser.add_argument("--samples", action="store_true",
                         help="print each cost sample the policy took, beside its neighbours")
     args = parser.parse_args()
@@ -140,6 +175,7 @@ def main() -> None:
     ks = list(range(most + 1))
     engines = {k: offline.build(args, "compiled", k) for k in ks}
     engines["adaptive"] = offline.build(args, "compiled", most, policy="adaptive")
+    host = {name: clocked(engines[name]) for name in (0, "adaptive")}   # innermost
     steps = {name: record(engine, args.concurrency) for name, engine in engines.items()}
     times = {name: timeline(engines[name], args.concurrency) for name in (0, "adaptive")}
     policy = engines["adaptive"].scheduler.speculation
@@ -149,7 +185,8 @@ def main() -> None:
     print("| round | K | steady step / K=0's | policy's cost / K=0's | policy / steady "
           "| adaptive's steps |\n|---|---|---|---|---|---|")
     for i in range(args.rounds):
-        for log in (*steps.values(), *times.values()):
+        for log in (*steps.values(), *times.values(),
+                    *(t for calls in host.values() for t in calls.values())):
             log.clear()
         offline.decode_rows(engines, offline.prompts(n, args.prompt_len, args.model),
                             args.max_tokens, n, shuffled=not args.fixed_order)
@@ -164,6 +201,8 @@ def main() -> None:
             print_samples(i + 1, steps["adaptive"])
         if args.excess:
             print_excess(i + 1, times["adaptive"], times[0], n)
+        if args.host:
+            print_host(i + 1, host)
         if args.between:
             offline.decode_rows(engines, offline.prompts(args.between, args.prompt_len,
                                                          args.model),

@@ -143,8 +143,10 @@ confirmation is pending, nothing but the leader's own steps can change the choic
 its next probe (a drafting leader) or its next drafting step's WARM twins (K=0), so the
 steps up to then choose it without the rest; a prefill, another bucket or other rows end
 the hold. A step's host work runs on caches its kernels have just cooled: at one row of
-the embedded model the whole choice took 44 us a step (median; 12 us in a loop of
-choices alone), a held one 13 us, and a plain step 5.5 ms.
+the embedded model choose() took 39-52 us a step with no hold (the median of a round;
+12 us in a loop of choices alone), 11-12 us with it (means 49-62 and 35-39 us: the
+steps the whole choice runs), beside a plain step of 5.5 ms (bench/policy_costs.py
+--host).
 """
 from __future__ import annotations
 
