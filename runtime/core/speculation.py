@@ -345,7 +345,7 @@ class AdaptiveSpeculation(Speculation):
             self.keep_slots = drafting <= self.WARM
             self._hold(k, bucket, step, step + drafting - self.WARM - 1)
         elif k == self._best and self._again is None:
-            self._hold(k, bucket, step, self._due(rates, bucket, step) - 1)
+            self._hold(k, bucket, step, self._due(rates, bucket) - 1)
         return k
 
     def _hold(self, k: int, bucket: int, step: int, until: int) -> None:
@@ -360,7 +360,7 @@ class AdaptiveSpeculation(Speculation):
             return
         served.hold = k, bucket, min(until, step + self.REFRESH - served.steps)
 
-    def _due(self, rates: dict[int, float], bucket: int, step: int) -> int:
+    def _due(self, rates: dict[int, float], bucket: int) -> int:
         """The bucket step at which the first probe of a K other than the best falls due."""
         best = self._best
         return min(self._cost(k, bucket).ran_at + self._wait(k, bucket, rates, best)
