@@ -17,7 +17,8 @@ ratio, and adaptive's steps of K among its decode-only steps (twins not counted)
 
 `--excess` also prints, each round, where adaptive's time beyond K=0's goes: each of its
 decode-only steps at `concurrency` rows less what fixed K=0's steps nearest in time take
-for the same tokens, summed by kind of step (K=0 plain, the twin, each drafting K).
+for the same tokens, summed by kind of step (K=0 plain, the twin, each drafting K);
+and beside it the measure's zero, fixed K=0's own steps measured the same way.
 
 `--host` also prints, each round, the host time of the policy's choice and of its
 observation of a step (the medians and means per step, in microseconds), adaptive's
@@ -118,17 +119,27 @@ def print_host(round_: int, calls: dict[str, dict[str, list[float]]]) -> None:
 def print_excess(round_: int, adaptive: list[tuple[float, str, float, int]],
                  plain: list[tuple[float, str, float, int]], rows: int) -> None:
     """Adaptive's seconds beyond what fixed K=0's steps nearest in time (seven) take for
-    the same tokens, by kind of step, against fixed K=0's own seconds in the round."""
+    the same tokens, by kind of step, against fixed K=0's own seconds in the round; and
+    the measure's zero: fixed K=0's own steps against the seven of its others nearest
+    them (a step's seconds are skewed, a few slowed by something else, so a sum of them
+    runs over the medians it is set against)."""
     excess: dict[str, float] = {}
     for when, kind, seconds, tokens in adaptive:
-        near = sorted(plain, key=lambda step: abs(step[0] - when))[:7]
-        base = statistics.median(step[2] for step in near)
-        excess[kind] = excess.get(kind, 0.0) + seconds - tokens / rows * base
+        excess[kind] = excess.get(kind, 0.0) + seconds - tokens / rows * _near(plain, when)
+    zero = sum(step[2] - _near([s for s in plain if s is not step], step[0])
+               for step in plain)
     total = sum(step[2] for step in plain)
     kinds = ", ".join(f"{kind} {1e3 * x:+.1f}" for kind, x in sorted(excess.items()))
     print(f"  round {round_}: adaptive's excess over K=0's steps, ms: {kinds}; in all "
           f"{1e3 * sum(excess.values()):+.1f} ({sum(excess.values()) / total:+.1%} of K=0's "
-          f"{1e3 * total:.0f} ms)")
+          f"{1e3 * total:.0f} ms); K=0's own by the same measure {1e3 * zero:+.1f} "
+          f"({zero / total:+.1%})")
+
+
+def _near(plain: list[tuple[float, str, float, int]], when: float) -> float:
+    """The median seconds of the seven steps of `plain` nearest in time to `when`."""
+    return statistics.median(step[2] for step in
+                             sorted(plain, key=lambda step: abs(step[0] - when))[:7])
 
 
 def print_samples(round_: int, steps: list[tuple[int, float, float | None]]) -> None:
