@@ -4,7 +4,7 @@ steps they measure. Prints figures; asserts nothing.
 
     .venv/bin/python bench/policy_costs.py [--concurrency 1] [--between 64] [--rounds 3]
                                            [--deep] [--max-tokens 256] [--samples] [--excess]
-                                           [--fixed-order] [--host]
+                                           [--fixed-order] [--host] [--noise]
 
 Each round runs the engines of fixed K = 0 .. the spec's largest and the adaptive one
 side by side (bench/offline.py's decode_rows: one step of each in turn) on
@@ -24,6 +24,13 @@ and beside it the measure's zero, fixed K=0's own steps measured the same way.
 observation of a step (the medians and means per step, in microseconds), adaptive's
 against fixed K=0's: run between kernels, on the caches they left cold.
 
+`--noise` also prints, each round, how well this machine lets a step's cost be measured:
+fixed K=0's step-to-step spread at `concurrency` rows (the standard deviation of its
+steps' seconds over their median), and the error of a speed read from the median of a
+plain step's w steps before (the policy's Drift reads it from w = 3) as the median of the
+six from it on (the standard deviation of their log ratio), for w = 1, 3, 5, 9. A probe's
+sample is its seconds over such a speed: it carries that error besides its own step's.
+
 `--samples` also prints each cost sample the policy took at `concurrency` rows in the
 round: its step, K, the step's seconds over the median of the three plain K=0 steps
 before it and the three after (what it cost beside them), and the sample over the cost
@@ -31,6 +38,7 @@ the policy held for K=0 then (what it recorded).
 """
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 import time
@@ -136,6 +144,22 @@ def print_excess(round_: int, adaptive: list[tuple[float, str, float, int]],
           f"({zero / total:+.1%})")
 
 
+def print_noise(round_: int, plain: list[tuple[float, str, float, int]]) -> None:
+    """Fixed K=0's step-to-step spread, and the error of a speed read from its last w
+    steps as the median of its next six (see `--noise` in the module docstring)."""
+    seconds = [step[2] for step in plain]
+    middle = statistics.median(seconds)
+    errors = []
+    for w in (1, 3, 5, 9):
+        logs = [math.log(statistics.median(seconds[i - w:i])
+                         / statistics.median(seconds[i:i + 6]))
+                for i in range(w, len(seconds) - 5)]
+        errors.append(f"w={w} {statistics.pstdev(logs):.1%}")
+    print(f"  round {round_}: fixed K=0's steps spread {statistics.pstdev(seconds) / middle:.1%}"
+          f" of their median; a speed read from the w steps before, against the six "
+          f"after: {', '.join(errors)}")
+
+
 def _near(plain: list[tuple[float, str, float, int]], when: float) -> float:
     """The median seconds of the seven steps of `plain` nearest in time to `when`."""
     return statistics.median(step[2] for step in
@@ -172,6 +196,8 @@ def main() -> None:
                              "largest, then adaptive), not a new one each turn")
     parser.add_argument("--host", action="store_true",
                         help="print the host time of the policy's choose and observe")
+    parser.add_argument("--noise", action="store_true",
+                        help="print how well this machine lets a step's cost be measured")
     parser.add_argument("--samples", action="store_true",
                         help="print each cost sample the policy took, beside its neighbours")
     args = parser.parse_args()
@@ -214,6 +240,8 @@ def main() -> None:
             print_excess(i + 1, times["adaptive"], times[0], n)
         if args.host:
             print_host(i + 1, host)
+        if args.noise:
+            print_noise(i + 1, times[0])
         if args.between:
             offline.decode_rows(engines, offline.prompts(args.between, args.prompt_len,
                                                          args.model),
