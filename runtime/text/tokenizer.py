@@ -76,6 +76,35 @@ class Tokenizer:
         return 1 + max(len(self._tok.decode([i], skip_special_tokens=False).encode())
                        for i in range(self.vocab_size))
 
+    @cached_property
+    def token_bytes(self) -> tuple[bytes, ...] | None:
+        """The bytes each id stands for in decoded text, where `decode` of any ids is
+        these bytes joined and read as UTF-8 with errors="replace" (each maximal invalid
+        subsequence one U+FFFD, as Rust's from_utf8_lossy and Python's codec both do): a
+        vocabulary whose decoder is ByteLevel alone (it maps each token's characters to
+        bytes, joins them, and decodes once). Special tokens (skipped by `decode`) and
+        ids past the vocabulary stand for no bytes: b"" (an id past the table is read as
+        such too). None for other decoders (a word-level one joins with spaces, a byte
+        fallback one decodes each run of byte tokens alone), and where one token's bytes
+        fail to give that token's `decode`. Built once, on first use (a batch decode of
+        every id)."""
+        spec = json.loads(self._tok.to_str())
+        decoder = spec.get("decoder") or {}
+        decoders = decoder.get("decoders") if decoder.get("type") == "Sequence" else [decoder]
+        if not decoders or any(d.get("type") != "ByteLevel" for d in decoders):
+            return None
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        tokens = {i: token for token, i in vocab.items()}
+        texts = self._tok.decode_batch([[i] for i in range(self.vocab_size)])
+        table = []
+        for i, text in enumerate(texts):
+            # a token's text without U+FFFD is its bytes decoded; else map its characters
+            raw = text.encode() if "\ufffd" not in text else _byte_level(tokens.get(i, ""))
+            if raw.decode("utf-8", "replace") != text:
+                return None
+            table.append(raw)
+        return tuple(table)
+
     def encode_segments(self, segments: Iterable[tuple[str, bool]],
                         add_special_tokens: bool = False) -> list[int]:
         """Ids of a text given as (text, is_markup) segments, where added tokens (control
@@ -143,6 +172,27 @@ class Tokenizer:
 
     def token_text(self, token_id: int) -> str:
         return self._tok.id_to_token(token_id) or ""
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """The byte-level alphabet: the character that stands for each byte in a ByteLevel
+    vocabulary's tokens. The printable bytes ("!".."~", "\xa1".."\xac", "\xae".."\xff")
+    stand for themselves; the others, in byte order, for chr(256), chr(257), ..."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable},
+            **{chr(256 + n): b for n, b in enumerate(others)}}
+
+
+BYTE_OF = _byte_alphabet()
+
+
+def _byte_level(token: str) -> bytes:
+    """A vocabulary token's bytes as the ByteLevel decoder reads them: each character's
+    byte, or, for a token with a character outside the alphabet, its UTF-8."""
+    if all(c in BYTE_OF for c in token):
+        return bytes(BYTE_OF[c] for c in token)
+    return token.encode()
 
 
 def eos_token_id(tokenizer: Tokenizer | None, config: Mapping) -> int | None:
