@@ -11,19 +11,27 @@ of the block is the format's grammar (server/v4_output.Block) over the request's
 
 A tool's parameters come in the order its schema lists them, each at most once, the
 required ones always. A value is written as the released encoder writes it: a string as
-its raw text (string="true"; one of its enum's strings where the schema lists them, else
-any text: a string's other keywords are not enforced), anything else as JSON
-(string="false") valid against the parameter's schema; a parameter whose schema admits
-both may take either. A tool without
-a parameters schema takes any parameters (names the grammar allows, JSON or text values).
+its raw text (string="true"; any text, a string's other keywords are not enforced),
+anything else as JSON (string="false") valid against the parameter's schema; a parameter
+whose schema admits both may take either. A parameter whose schema lists its values
+(enum, const) takes one of them: a string as its raw text, unless it holds "｜DSML｜" (the
+text of every delimiter of a block): such a string is written as a JSON string with "<",
+">" and "｜" escaped, so that a value can never write a delimiter (a tool's schema may come
+from a third party) and reads back as itself (server/v4_output.py reads JSON values).
+A tool without a parameters schema takes any parameters (names the grammar allows, JSON or
+text values). Tools and parameters whose names the format cannot write are left out.
+
+Without parallel calls, an output holds one block of one call.
 
 Where the tools' schemas do not compile (a keyword llguidance refuses, an unsatisfiable
 range), the request falls back to the names-only grammar (`schemas=False`): an agent's
 sloppy schema costs it the argument checks, never the request.
 
 "｜DSML｜" is one added token in a V4 vocabulary, which llguidance reads as a special
-token: there the markup is written with that token, and free text cannot spell it; in a
-vocabulary without it, the markup is text.
+token: there the markup is written with that token, and free text (around the blocks and
+in text values) may not spell its text either, so every "｜DSML｜" of such an output is the
+token (as runtime/text/grammar.Reasoning does for "</think>"). In a vocabulary without it,
+the markup is text, and free text may not hold a block's opening but as a block.
 """
 from __future__ import annotations
 
@@ -36,14 +44,18 @@ from server.v4_encoding import DSML
 # whitespace can spend its whole budget on it.
 SPACE = r"/\n{0,2}/"
 NAME = r'/[^"<>\n]+/'            # a name ends at '"'; the others break the grammar
+UNWRITABLE = '"<>\n'             # characters a name of the format cannot hold
 TEXT_KIND = json.dumps('" string="true">')       # after a parameter's name: its value's kind
 JSON_KIND = json.dumps('" string="false">')
+# JSON text with the characters of the format's delimiters escaped (they occur in strings
+# only, where an escape reads as the character)
+ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "｜": "\\uff5c"})
 
 
 class DsmlGrammar:
     """The Lark text of one request's auto-mode grammar. `dsml_id`: the vocabulary's
-    "｜DSML｜" token, or None when the markup is text; `parallel`: a block may hold more
-    than one call."""
+    "｜DSML｜" token, or None when the markup is text; `parallel`: an output may hold
+    more than one call."""
 
     def __init__(self, tools: list[dict], dsml_id: int | None, parallel: bool = True,
                  schemas: bool = True):
@@ -52,13 +64,17 @@ class DsmlGrammar:
         self.rules: list[str] = []
 
     def lark(self) -> str:
-        calls = " | ".join(self._tool(i, t) for i, t in enumerate(self.tools))
-        repeat = "+" if self.parallel else ""
+        free = _without(r"(?s:.*)", DSML if self.dsml_id is not None else f"<{DSML}tool_calls")
+        calls = [self._tool(i, t) for i, t in enumerate(self.tools)
+                 if isinstance(t.get("name"), str) and _writable(t["name"])]
+        calls = [c for c in calls if c is not None]
+        if not calls:                  # nothing the format can call: the output is text
+            return f"%llguidance {{}}\nstart: TEXT\nTEXT: {free}\n"
+        repeat, blocks = ("+", "*") if self.parallel else ("", "?")
         block = f'block: ">" ({SPACE} call){repeat} {SPACE} {self._mark("</", "tool_calls>")}'
-        head = self._head()
-        text_value = f"text_value[lazy]: /(?s:.*){_regex(f'</{DSML}parameter>')}/"
-        return "\n".join(["%llguidance {}", "start: (head block)* TEXT", head, block,
-                          f"call: {calls}", "TEXT: /(?s:.*)/", text_value, *self.rules]) + "\n"
+        return "\n".join(["%llguidance {}", f"start: (head block){blocks} TEXT", self._head(),
+                          block, f"call: {' | '.join(calls)}", f"TEXT: {free}",
+                          self._text_value_rule(), *self.rules]) + "\n"
 
     def _mark(self, before: str, after: str) -> str:
         """The markup `before` ｜DSML｜ `after` as grammar: literals around the token, or one
@@ -69,63 +85,82 @@ class DsmlGrammar:
                         if p)
 
     def _head(self) -> str:
-        """Free text up to the block's opening: with the token, the text ends with "<" and
-        the token follows (free text cannot hold the token); as text, the shortest text
-        that ends with the opening (a lazy lexeme)."""
+        """Free text up to the block's opening: with the token, text that ends with "<"
+        (and spells no "｜DSML｜") and the token after it; as text, the shortest text that
+        ends with the opening (a lazy lexeme)."""
         if self.dsml_id is None:
             opening = _regex(f"<{DSML}tool_calls")
             return f"head[lazy]: /(?s:.*){opening}/"
-        return f"head: /(?s:.*)</ <[{self.dsml_id}]> \"tool_calls\""
+        return f'head: HEAD <[{self.dsml_id}]> "tool_calls"\n' \
+               f"HEAD: {_without('(?s:.*)<', DSML)}"
 
-    def _tool(self, index: int, tool: dict) -> str:
-        """The rule of one tool's invoke; its name."""
+    def _text_value_rule(self) -> str:
+        """Any raw text value and its close: as text, the shortest text that ends with the
+        close (lazy); with the token, text up to "</" (that spells no "｜DSML｜") and the
+        token."""
+        if self.dsml_id is None:
+            return f"text_value[lazy]: /(?s:.*){_regex(f'</{DSML}parameter>')}/"
+        return f'text_value: TEXT_VALUE <[{self.dsml_id}]> "parameter>"\n' \
+               f"TEXT_VALUE: {_without('(?s:.*)</', DSML)}"
+
+    def _tool(self, index: int, tool: dict) -> str | None:
+        """The rule of one tool's invoke, or None where a required parameter can take
+        no value the format can write."""
         rule = f"tool_{index}"
         schema = tool.get("parameters")
         params = self._params(rule, schema) if self.schemas and _has_properties(schema) \
             else self._any(rule)
+        if params is None:
+            return None
         opening = self._mark("<", f'invoke name="{tool["name"]}">')
         self.rules.append(f'{rule}: {opening} {params} {SPACE} {self._mark("</", "invoke>")}')
         return rule
 
-    def _params(self, rule: str, schema: dict) -> str:
-        required = set(schema.get("required") or ())
+    def _params(self, rule: str, schema: dict) -> str | None:
+        required = schema.get("required")
+        required = set(r for r in required if isinstance(r, str)) \
+            if isinstance(required, list) else set()
         parts = []
         for n, (key, sub) in enumerate(schema["properties"].items()):
-            if not key or any(c in key for c in '"<>\n'):
+            if not key or not _writable(key):
                 continue                         # a name the format cannot write
+            param = self._param(key, sub)
+            if param is None:                    # no value it can take
+                if key in required:
+                    return None
+                continue
             name = f"{rule}_p{n}"
-            self.rules.append(f"{name}: {SPACE} {self._param(key, sub)}")
+            self.rules.append(f"{name}: {SPACE} {param}")
             parts.append(name if key in required else f"{name}?")
-        return " ".join(parts) if parts else ""
+        return " ".join(parts)
 
     def _any(self, rule: str) -> str:
         """Any parameters: a name, then a text or a JSON value."""
         name = f"{rule}_any"
         opening = self._mark("<", 'parameter name="')
-        self.rules.append(f"{name}: {SPACE} {opening} {NAME} ({TEXT_KIND} {self._text_value()}"
+        self.rules.append(f"{name}: {SPACE} {opening} {NAME} ({TEXT_KIND} text_value"
                           f" | {JSON_KIND} %json {{}} {self._close()})")
         return f"{name}*"
 
-    def _param(self, key: str, schema) -> str:
-        """One parameter, as the value's schema allows it to be written."""
+    def _param(self, key: str, schema) -> str | None:
+        """One parameter, as the value's schema allows it to be written (None: it allows
+        no value)."""
         opening = self._mark("<", f'parameter name="{key}')
+        listed = _listed(schema)
+        if listed is not None:
+            texts = [v for v in listed if isinstance(v, str) and DSML not in v]
+            others = [j for v in listed if not isinstance(v, str) or DSML in v
+                      if (j := _json_text(v)) is not None]
+            kinds = [f"{kind} ({' | '.join(json.dumps(v) for v in values)}) {self._close()}"
+                     for kind, values in ((TEXT_KIND, texts), (JSON_KIND, others)) if values]
+            return f"{opening} ({' | '.join(kinds)})" if kinds else None
         kinds = []
         if _may_be_string(schema):
-            kinds.append(f"{TEXT_KIND} {self._text_value(_strings(schema))}")
+            kinds.append(f"{TEXT_KIND} text_value")
         if _may_be_other(schema):
             value = json.dumps(schema if isinstance(schema, dict) else {})
             kinds.append(f"{JSON_KIND} %json {value} {self._close()}")
         return f"{opening} ({' | '.join(kinds)})"
-
-    def _text_value(self, choices: list[str] | None = None) -> str:
-        """A raw text value and the parameter's close: one of `choices` (a schema's string
-        enum) then the close, or any text: the shortest text that ends with the close
-        (lazy), or, with the token, text up to "</" and the token."""
-        if choices:
-            return f"({' | '.join(json.dumps(c) for c in choices)}) {self._close()}"
-        if self.dsml_id is None:
-            return "text_value"
-        return f"/(?s:.*)<\\// <[{self.dsml_id}]> \"parameter>\""
 
     def _close(self) -> str:
         return self._mark("</", "parameter>")
@@ -140,6 +175,28 @@ def _regex(text: str) -> str:
     return "".join("\\" + c if c in r"\.+*?()|[]{}^$/" else c for c in text)
 
 
+def _without(regex: str, text: str) -> str:
+    """A Lark lexeme: what `regex` matches that does not hold `text`."""
+    return f"/{_regex_slashes(regex)}/ & ~/(?s:.*){_regex(text)}(?s:.*)/"
+
+
+def _regex_slashes(regex: str) -> str:
+    return regex.replace("/", "\\/")
+
+
+def _writable(name: str) -> bool:
+    return not any(c in name for c in UNWRITABLE)
+
+
+def _json_text(value) -> str | None:
+    """`value` as the format's JSON (", " and ": "), its delimiters' characters escaped;
+    None for a value JSON cannot write (NaN, infinities) or too deep to write."""
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False).translate(ESCAPES)
+    except (ValueError, RecursionError):
+        return None
+
+
 def _has_properties(schema) -> bool:
     return isinstance(schema, dict) and isinstance(schema.get("properties"), dict)
 
@@ -148,10 +205,6 @@ def _types(schema) -> set[str] | None:
     """The JSON types a schema admits, where it says (None: any)."""
     if not isinstance(schema, dict):
         return None
-    if "enum" in schema and isinstance(schema["enum"], list):
-        return {"string" if isinstance(v, str) else "other" for v in schema["enum"]}
-    if "const" in schema:
-        return {"string" if isinstance(schema["const"], str) else "other"}
     kind = schema.get("type")
     if isinstance(kind, str):
         kind = [kind]
@@ -160,15 +213,14 @@ def _types(schema) -> set[str] | None:
     return None
 
 
-def _strings(schema) -> list[str] | None:
-    """The strings a schema's enum or const allows, where those are all it allows."""
+def _listed(schema) -> list | None:
+    """The values a schema's enum or const allows, where it lists them (None: it does
+    not; the values' JSON type is the one they are written as)."""
     if not isinstance(schema, dict):
         return None
-    values = schema["enum"] if isinstance(schema.get("enum"), list) else \
-        [schema["const"]] if "const" in schema else None
-    if values is None or not all(isinstance(v, str) for v in values):
-        return None
-    return values or None
+    if isinstance(schema.get("enum"), list):
+        return schema["enum"]
+    return [schema["const"]] if "const" in schema else None
 
 
 def _may_be_string(schema) -> bool:

@@ -14,21 +14,30 @@ the invoke's close. A call's pieces join to the arguments of the format's rule.
 
     [<think>] reasoning </think> content \\n\\n<｜DSML｜tool_calls>...</｜DSML｜tool_calls> more
 
+Calls are read in the content only: the reasoning ends at "</think>" alone, as the
+grammars that govern an output read it (runtime/text/grammar.Reasoning), so a block the
+free reasoning holds is reasoning. A call names one of the request's tools, and without
+parallel calls an output holds one call: an invoke that names another tool, or one past
+the first, breaks its block (vLLM drops such a call; here its text stays, as content, and
+nothing is called). A text value ends at the first close tag; a JSON value at the first
+close tag outside its strings (JSON holds no "<" there), so a JSON string may hold the
+close tag, and the format's JSON is read back whatever its strings say.
+
 A tool-calls block that breaks the grammar is not a block: its raw text goes back to the
-section it began in (content once a call of the block was started) and reading goes on
-there, from the point where the grammar broke. A call it had started is closed as it
-stands (an open text value and its arguments closed, a JSON value not yet complete left
-out), and only the text since its last piece comes back. An output that ends inside a
-block whose call had started (cut by max_tokens) leaves no markup behind: a call being
-read is closed, a text value without the suffix held back as a possible start of its
-close. With the auto-mode grammar (server/dsml_grammar.py) a block can only be cut,
-never broken.
+content and reading goes on there, from the point where the grammar broke. A call it had
+started is closed as it stands (an open text value and its arguments closed, a JSON value
+not yet complete left out), and only the text since its last piece comes back. An output
+that ends inside a block whose call had started (cut by max_tokens) leaves no markup
+behind: a call being read is closed, a text value without the suffix held back as a
+possible start of its close. With the auto-mode grammar (server/dsml_grammar.py) a block
+can only be cut, never broken.
 """
 from __future__ import annotations
 
 import enum
 import json
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from server.v4_encoding import DSML, END_THINK, THINK, TOOL_CALLS_START, to_json
@@ -45,6 +54,9 @@ NAME_END = '">'
 
 SPACE = " \t\r\n"                    # what may stand between the tags of a block
 NAME_STOP = re.compile(r'["<>\n]')   # a name ends at '"'; the others break the grammar
+JSON_STOP = re.compile('"|' + re.escape(PARAM_CLOSE))   # a JSON value's string, or its end
+# in a JSON string: its end, an escape, or a control character (which no string holds raw)
+STRING_STOP = re.compile(r'["\\\x00-\x1f]')
 
 
 @dataclass
@@ -128,12 +140,15 @@ class Block:
     with any whitespace between tags (the format writes one "\\n"; a call without
     parameters it writes with two). Names are non-empty and hold none of '"<>' or a newline;
     parameter names do not repeat within a call; a string="false" value is strict JSON.
-    Owns the raw text read since the last released call: it goes back as text if the
-    grammar breaks."""
+    `names`: the tools a call may name (None: any); `room`: the calls this block may hold
+    (None: any). Owns the raw text read since the last released call: it goes back as
+    text if the grammar breaks."""
 
-    def __init__(self, opening: str):
+    def __init__(self, opening: str, names: Collection[str] | None = None,
+                 room: int | None = None):
         self.step = Step.OPEN
         self.raw = [opening]
+        self.names, self.room = names, room
         self.released = 0              # calls of this block started so far
         self.name = ""                 # of the invoke being read
         self.params: set[str] = set()  # of the invoke being read
@@ -141,6 +156,7 @@ class Block:
         self.key = ""                  # of the parameter being read
         self.is_string = False
         self.open_string = False       # a text value's opening quote was released
+        self.quoted = False            # a JSON value's reader is inside one of its strings
         self.pieces: list[str] = []    # of the name or JSON value being read
         self.out: list[tuple[str | None, str]] = []     # (name or None, arguments) released
 
@@ -172,8 +188,10 @@ class Block:
         if step is Step.OPEN:
             return self._expect(text, pos, {">": Step.CALLS})
         if step is Step.CALLS:
-            return self._expect(text, _skip(text, pos),
-                                {INVOKE_OPEN: Step.CALL_NAME, CALLS_CLOSE: None})
+            full = self.room is not None and self.released >= self.room
+            options = {CALLS_CLOSE: None} if full else \
+                {INVOKE_OPEN: Step.CALL_NAME, CALLS_CLOSE: None}    # full: an invoke breaks
+            return self._expect(text, _skip(text, pos), options)
         if step is Step.CALL_NAME:
             return self._name(text, pos, Step.CALL_NAME_END)
         if step is Step.CALL_NAME_END:
@@ -211,7 +229,7 @@ class Block:
             self._arguments("}" if self.written else "{}")
             return Outcome.CALL
         if step is Step.VALUE:
-            self.is_string = literal == STRING_TRUE
+            self.is_string, self.quoted = literal == STRING_TRUE, False
             if self.is_string:
                 self._arguments(self._key() + '"')
                 self.open_string = True
@@ -236,30 +254,57 @@ class Block:
                 return end, Outcome.BROKEN
             self.key = name
             self.params.add(name)
+        elif self.names is not None and name not in self.names:
+            return end, Outcome.BROKEN                 # not one of the request's tools
         else:
             self.name = name
         self.step = then
         return end, Outcome.MOVED
 
     def _value(self, text: str, pos: int) -> tuple[int, Outcome]:
+        if not self.is_string:
+            return self._json(text, pos)
         close = text.find(PARAM_CLOSE, pos)
         end = close if close >= 0 else len(text) - held(text, pos, (PARAM_CLOSE,))
-        if self.is_string:
-            if end > pos:                               # streamed as it comes
-                self._arguments(to_json(text[pos:end])[1:-1])
-        else:
-            self.pieces.append(text[pos:end])
+        if end > pos:                                   # streamed as it comes
+            self._arguments(to_json(text[pos:end])[1:-1])
         if close < 0:
             return end, Outcome.MORE
+        self._arguments('"')
+        self.open_string = False
+        self.step = Step.PARAMS
+        return close + len(PARAM_CLOSE), Outcome.MOVED
+
+    def _json(self, text: str, pos: int) -> tuple[int, Outcome]:
+        """A JSON value, whole once its close is read: the close counts outside the
+        value's strings only, and a string that holds a control character breaks it."""
+        at, close = pos, -1
+        while close < 0:
+            stop = (STRING_STOP if self.quoted else JSON_STOP).search(text, at)
+            if stop is None:
+                at = len(text) if self.quoted else \
+                    len(text) - held(text, at, (PARAM_CLOSE,))
+                break
+            char = stop.group()
+            if char == '"':
+                self.quoted, at = not self.quoted, stop.end()
+            elif char == "\\":                   # the character it escapes is skipped
+                if stop.end() == len(text):
+                    at = stop.start()             # held until that character comes
+                    break
+                at = stop.end() + 1
+            elif self.quoted:
+                return stop.start(), Outcome.BROKEN
+            else:
+                close = stop.start()
+        self.pieces.append(text[pos:at if close < 0 else close])
+        if close < 0:
+            return at, Outcome.MORE
+        value, self.pieces = "".join(self.pieces), []
         end = close + len(PARAM_CLOSE)
-        if self.is_string:
-            self._arguments('"')
-            self.open_string = False
-        else:
-            value, self.pieces = "".join(self.pieces), []
-            if not json_value(value):
-                return end, Outcome.BROKEN
-            self._arguments(self._key() + value)
+        if not json_value(value):
+            return end, Outcome.BROKEN
+        self._arguments(self._key() + value)
         self.step = Step.PARAMS
         return end, Outcome.MOVED
 
@@ -280,16 +325,22 @@ class V4OutputParser:
     """Splits one output's generated text into reasoning, content and tool calls.
 
     reasoning: the prompt opened a thinking block, so the text up to "</think>" is reasoning
-    (all of it, if "</think>" never comes). tools: DSML tool-call blocks are parsed."""
+    (all of it, if "</think>" never comes); `split`: it is released as reasoning, else as
+    content, tags and all (no reasoning parser: only where calls are read changes).
+    tools: DSML tool-call blocks in the content are parsed, each call naming one of
+    `names` (None: any name), and a second call taken only with `parallel`."""
 
-    def __init__(self, *, reasoning: bool, tools: bool):
-        self._tools = tools
-        self._section = Section.START if reasoning else Section.CONTENT
+    def __init__(self, *, reasoning: bool, tools: bool, split: bool = True,
+                 names: Collection[str] | None = None, parallel: bool = True):
+        self._tools, self._split = tools, split
+        self._names = frozenset(names) if names is not None else None
+        self._parallel = parallel
+        self._section = Section.CONTENT if not reasoning else \
+            Section.START if split else Section.REASONING
         self._text = ""                # held back from earlier calls + the new text
         self._pos = 0                  # _text[:_pos] is consumed
         self._final = False
         self._block: Block | None = None
-        self._origin = Section.CONTENT  # the section the open block began in
         self._calls = 0                # tool calls released so far
         self._out = Parsed()
 
@@ -330,15 +381,17 @@ class V4OutputParser:
 
     def _delimiters(self) -> tuple[str, ...]:
         """What ends the current run of reasoning or content."""
-        calls = (CALLS_OPEN,) if self._tools else ()
-        return (END_THINK, *calls) if self._section is Section.REASONING else calls
+        if self._section is Section.REASONING:
+            return (END_THINK,)
+        return (CALLS_OPEN,) if self._tools else ()
 
     def _scan(self) -> bool:
         """Reasoning or content up to the first delimiter; the undecided suffix stays."""
         text, pos, delimiters = self._text, self._pos, self._delimiters()
         hits = [(at, d) for d in delimiters if (at := text.find(d, pos)) >= 0]
         if not hits:
-            undecided = (*delimiters, TOOL_CALLS_START) if self._tools else delimiters
+            undecided = (*delimiters, TOOL_CALLS_START) if CALLS_OPEN in delimiters \
+                else delimiters
             stop = len(text) - (0 if self._final else held(text, pos, undecided))
             self._emit(self._section, text[pos:stop])
             self._pos = stop
@@ -348,9 +401,11 @@ class V4OutputParser:
         self._emit(self._section, text[pos:start])
         self._pos = at + len(delimiter)
         if delimiter == END_THINK:
+            self._emit(self._section, "" if self._split else END_THINK)
             self._section = Section.CONTENT
         else:
-            self._block, self._origin = Block(text[start:self._pos]), self._section
+            room = None if self._parallel else 1 - self._calls
+            self._block = Block(text[start:self._pos], self._names, room)
             self._section = Section.BLOCK
         return True
 
@@ -378,7 +433,7 @@ class V4OutputParser:
         """The block broke: a call it started is closed, and its raw text (since the
         last piece released) is text again."""
         block.close()
-        self._section = Section.CONTENT if block.released else self._origin
+        self._section = Section.CONTENT
         self._emit(self._section, "".join(block.raw))
         self._block = None
 
@@ -394,7 +449,7 @@ class V4OutputParser:
         self._section, self._block = Section.CONTENT, None
 
     def _emit(self, section: Section, text: str) -> None:
-        if section is Section.CONTENT:
+        if section is Section.CONTENT or not self._split:
             self._out.content += text
         else:
             self._out.reasoning += text
