@@ -187,7 +187,9 @@ def _default(value: Any, fallback: Any) -> Any:
     return fallback if value is None else value
 
 
-_TOKEN_ID = re.compile(r"[0-9]{1,19}")
+# a token id as canonical decimal: one spelling per id ("5", never "05" or "+5"), so two
+# keys of one object never name the same token (their biases would add up)
+_TOKEN_ID = re.compile(r"0|[1-9][0-9]{0,18}")
 
 
 def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
@@ -195,8 +197,8 @@ def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
     pairs = []
     for key, value in (bias or {}).items():
         if not _TOKEN_ID.fullmatch(key):
-            raise bad_request(f"logit_bias keys must be token ids, got {key[:40]!r}",
-                              "logit_bias")
+            raise bad_request(f"logit_bias keys must be token ids in decimal without sign, "
+                              f"spaces or leading zeros, got {key[:40]!r}", "logit_bias")
         pairs.append((int(key), value))
     return tuple(sorted(pairs))
 

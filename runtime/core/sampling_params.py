@@ -125,10 +125,15 @@ def _describe(low: float, high: float, low_open: bool) -> str:
 
 
 def _logit_bias_problems(bias: tuple[tuple[int, float], ...]):
+    seen = set()
     for token, value in bias:
         if not _int_in(token, 0):
             yield "logit_bias", f"logit_bias keys must be non-negative token ids, got {token}"
             return
+        if token in seen:               # two biases for one token would add up
+            yield "logit_bias", f"logit_bias gives token {token} more than once"
+            return
+        seen.add(token)
         if not _in_range(value, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS, False):
             yield "logit_bias", (f"logit_bias values must be finite numbers in "
                                  f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {value} "
