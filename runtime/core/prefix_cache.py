@@ -6,6 +6,12 @@ token before it: key_j = H(key_{j-1}, tokens[j*b : (j+1)*b + lookahead]). With M
 lookahead = 1: the MTP layer's key row at position (j+1)*b - 1 is built from the token
 after it, so two prompts share block j only if they also share that token.
 
+Block 0 chains from the request's cache_salt (SamplingParams; vLLM's field): from nothing
+without one, else from a digest of the salt. So every key of a salted request differs from
+those of every other salt and of unsalted requests, and a hit (what `cached_tokens`
+reports) is only ever on entries its own salt made: a client cannot learn whether another
+salt's prompts match its guesses.
+
 An entry (key_j, on one rank) holds what a request continuing at boundary B = (j+1)*b
 reads and does not compute:
 
@@ -108,11 +114,21 @@ class Layout:
         keys, b = request.block_keys, self.block_size
         if len(keys) < count:
             for j in range(len(keys), count):
-                h = hashlib.blake2b(keys[-1] if keys else b"", digest_size=16)
+                h = hashlib.blake2b(keys[-1] if keys else _root(request), digest_size=16)
                 end = min((j + 1) * b + self.lookahead, request.num_tokens)
                 h.update(_pack(request.tokens(j * b, end)))
                 keys.append(h.digest())
         return keys[:count]
+
+
+def _root(request: Request) -> bytes:
+    """What block 0's key chains from: nothing for an unsalted request, else a 16-byte
+    digest of its salt (hashed in a domain of its own: no block key)."""
+    salt = request.params.cache_salt
+    if salt is None:
+        return b""
+    return hashlib.blake2b(salt.encode("utf-8"), digest_size=16,
+                           person=b"v4serve-salt").digest()
 
 
 def _pack(tokens: list[int]) -> bytes:

@@ -16,6 +16,7 @@ SAMPLING_EPS = 1e-5        # a temperature below this is greedy (vLLM's rule)
 INT64_MAX = 2**63 - 1     # integers travel as int64 (msgpack to the engine core, tensors)
 SEED_MIN, SEED_MAX = -(2**63), INT64_MAX      # a signed 64-bit seed, as vLLM accepts
 MAX_LOGIT_BIAS = 100.0     # OpenAI's range for logit_bias values
+MAX_CACHE_SALT = 1024      # characters: a salt is hashed on the engine's thread, per request
 
 
 class InvalidParam(ValueError):
@@ -43,6 +44,9 @@ class SamplingParams:
     logprobs: int | None = None       # top-n log-probs per generated token
     logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, bias) added to the logits
     structured: StructuredOutputs | None = None       # what the output must match
+    # vLLM's cache_salt: requests share prefix-cache entries only with requests of the same
+    # salt (None: with the other unsalted ones); runtime/core/prefix_cache.py keys by it
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         for param, message in self._problems():
@@ -69,6 +73,8 @@ class SamplingParams:
         if self.logprobs is not None and not _int_in(self.logprobs, 0):
             yield "logprobs", f"logprobs must be a non-negative integer, got {self.logprobs}"
         yield from _logit_bias_problems(self.logit_bias)
+        if (problem := cache_salt_problem(self.cache_salt)) is not None:
+            yield "cache_salt", problem
         if self.structured is not None and not isinstance(self.structured, StructuredOutputs):
             yield "structured_outputs", "structured must be a StructuredOutputs"
 
@@ -139,6 +145,22 @@ def _logit_bias_problems(bias: tuple[tuple[int, float], ...]):
                                  f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {value} "
                                  f"for token {token}")
             return
+
+
+def cache_salt_problem(salt) -> str | None:
+    """Why `salt` is not a cache_salt (vLLM's rule: a non-empty string if given), or None."""
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt:
+        return "cache_salt must be a non-empty string"
+    if len(salt) > MAX_CACHE_SALT:
+        return f"cache_salt must be at most {MAX_CACHE_SALT} characters, got {len(salt)}"
+    if not salt.isascii():
+        try:
+            salt.encode("utf-8")
+        except UnicodeEncodeError:
+            return "cache_salt must be valid Unicode (it holds a lone surrogate)"
+    return None
 
 
 GREEDY = SamplingParams(temperature=0.0)
