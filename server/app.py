@@ -25,6 +25,7 @@ from runtime.engine.output_processor import RequestOutput
 from runtime.text.grammar import GrammarError, Vocabulary
 from server import chat
 from server.body import parse_json
+from server.cache_salt import CacheSalts
 from server.chat import ChatOptions
 from server.chat_output import ChatOutput
 from server.metrics import Metrics
@@ -55,7 +56,7 @@ class ServerState:
     engine: EngineClient
     spec: ModuleType
     model_name: str
-    api_key: str | None = None
+    api_key: str | tuple[str, ...] | None = None     # a key, or several (any one admits)
     max_body_bytes: int = 8 << 20
     max_n: int | None = None          # most choices (n, best_of) per prompt; None: max_num_seqs
     max_prompts: int = 256            # most prompts of one completion request
@@ -65,6 +66,8 @@ class ServerState:
     in_flight: int = 0
     ready: bool = False
     chat_options: ChatOptions = field(default_factory=ChatOptions)
+    cache_salts: CacheSalts = field(default_factory=CacheSalts)   # server/cache_salt.py
+    metrics_require_api_key: bool = False
     metrics: Metrics = field(init=False)
     ids: itertools.count = field(default_factory=itertools.count)
     _vocabulary: Vocabulary | None = field(default=None, init=False)
@@ -113,9 +116,7 @@ def build_app(state: ServerState) -> Starlette:
         Route("/health", lambda r: health(state), methods=["GET"]),
         Route("/version", lambda r: JSONResponse({"version": VERSION}), methods=["GET"]),
         Route("/server_info", lambda r: _info(state, r), methods=["GET"]),
-        Route("/metrics", lambda r: Response(state.metrics.render(),
-                                             media_type="text/plain; version=0.0.4"),
-              methods=["GET"]),
+        Route("/metrics", lambda r: _metrics(state, r), methods=["GET"]),
     ]
     app = Starlette(routes=routes, exception_handlers={404: _not_found, 405: _not_allowed})
     app.state.server = state
@@ -139,11 +140,12 @@ def _failed(exc: RequestFailedError) -> APIError:
     return APIError(500, str(exc), "InternalServerError")
 
 
-def _authorized(request: Request, key: str) -> bool:
-    """The bearer token equals the key, compared in constant time (as bytes: headers
-    arrive decoded as latin-1)."""
+def _authorized(request: Request, keys: str | tuple[str, ...]) -> bool:
+    """The bearer token equals a key, compared with each in constant time (as bytes:
+    headers arrive decoded as latin-1)."""
     given = request.headers.get("authorization", "").encode("latin-1")
-    return secrets.compare_digest(given, b"Bearer " + key.encode("utf-8"))
+    keys = (keys,) if isinstance(keys, str) else keys
+    return sum(secrets.compare_digest(given, b"Bearer " + k.encode("utf-8")) for k in keys) > 0
 
 
 def _guard(state: ServerState, handler):
@@ -383,6 +385,7 @@ def _sse(payload: dict | str) -> bytes:
 
 async def completions(state: ServerState, request: Request) -> Response:
     req = await _body(state, request, CompletionRequest)
+    req.cache_salt = state.cache_salts.of(req.cache_salt, request.headers.get("authorization"))
     req.check_common(state.choice_limit)
     candidates = req.check_best_of(state.choice_limit)
     _check_model(state, req.model)
@@ -487,6 +490,7 @@ async def _finished(state: ServerState, request: Request, base: str, jobs: list[
 
 async def chat_completions(state: ServerState, request: Request) -> Response:
     req = await _body(state, request, ChatCompletionRequest)
+    req.cache_salt = state.cache_salts.of(req.cache_salt, request.headers.get("authorization"))
     req.check()
     req.check_common(state.choice_limit)
     _check_model(state, req.model)
@@ -578,6 +582,14 @@ async def detokenize(state: ServerState, request: Request) -> Response:
     text = await state.offload(lambda: state.tokenizer.decode(
         _prompt_ids(state, req.tokens, "tokens")))
     return JSONResponse({"prompt": text})
+
+
+def _metrics(state: ServerState, request: Request) -> Response:
+    """/metrics: public, as in vLLM, unless --metrics-require-api-key."""
+    if state.metrics_require_api_key and state.api_key \
+            and not _authorized(request, state.api_key):
+        return _error(APIError(401, "missing or wrong API key", "AuthenticationError"))
+    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
 def health(state: ServerState) -> Response:

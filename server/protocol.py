@@ -86,6 +86,7 @@ class _Sampling(BaseModel):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    cache_salt: str | None = None   # vLLM's: prefix-cache entries shared within a salt only
     stream: bool = False
     stream_options: StreamOptions | None = None
     # structured outputs: OpenAI's response_format, vLLM's structured_outputs and guided_*
@@ -155,6 +156,7 @@ class _Sampling(BaseModel):
             "stop": stop, "stop_token_ids": tuple(self.stop_token_ids or ()),
             "ignore_eos": self.ignore_eos, "logprobs": logprobs,
             "logit_bias": _logit_bias(self.logit_bias), "structured": structured,
+            "cache_salt": self.cache_salt,
         }
         try:
             return SamplingParams(**values)

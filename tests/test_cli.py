@@ -308,19 +308,20 @@ def test_serve_refuses_a_port_in_use_before_loading(tmp_path):
     assert "absent" not in result.stderr          # it never got as far as the checkpoint
 
 
-def test_the_api_key_comes_from_the_flag_else_the_environment(monkeypatch):
+def test_the_api_keys_come_from_the_flag_else_the_environment(monkeypatch):
     import argparse
 
-    from server.cli.serve import api_key
+    from server.cli.serve import api_keys
 
     for name in ("VLLM_API_KEY", "V4SERVE_API_KEY"):
         monkeypatch.delenv(name, raising=False)
-    assert api_key(argparse.Namespace(api_key=None)) is None
+    assert api_keys(argparse.Namespace(api_key=None)) == ()
     monkeypatch.setenv("V4SERVE_API_KEY", "from-v4serve")
-    assert api_key(argparse.Namespace(api_key=None)) == "from-v4serve"
+    assert api_keys(argparse.Namespace(api_key=None)) == ("from-v4serve",)
     monkeypatch.setenv("VLLM_API_KEY", "from-vllm")
-    assert api_key(argparse.Namespace(api_key=None)) == "from-vllm"
-    assert api_key(argparse.Namespace(api_key="flag")) == "flag"
+    assert api_keys(argparse.Namespace(api_key=None)) == ("from-vllm",)
+    assert api_keys(argparse.Namespace(api_key=[""])) == ("from-vllm",)
+    assert api_keys(argparse.Namespace(api_key=["a", "", "b"])) == ("a", "b")
 
 
 def test_kv_cache_dtype_fp8_serves_the_specs_served_formats(capsys):

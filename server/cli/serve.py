@@ -42,9 +42,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="port to listen on (default: 8000)")
     parser.add_argument("--served-model-name", default=None,
                         help="the model name clients send (default: the spec name)")
-    parser.add_argument("--api-key", default=None,
-                        help="require 'Authorization: Bearer KEY' (default: $VLLM_API_KEY, "
-                             "else $V4SERVE_API_KEY, else no key)")
+    parser.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
+                        help="require 'Authorization: Bearer KEY' with one of these keys "
+                             "(default: $VLLM_API_KEY, else $V4SERVE_API_KEY, else no key)")
+    parser.add_argument("--metrics-require-api-key", action="store_true",
+                        help="/metrics needs the API key too (needs --api-key) (default: "
+                             "off, /metrics is public as in vLLM)")
+    parser.add_argument("--require-cache-salt", action="store_true",
+                        help="refuse (400) a completion or chat request without a "
+                             "cache_salt: requests share prefix-cache entries only with "
+                             "requests of the same salt (default: off; unsalted requests "
+                             "share with each other)")
+    parser.add_argument("--cache-salt-from-api-key", action="store_true",
+                        help="key every request's prefix-cache entries by the API key it "
+                             "presents (hashed), its own cache_salt combined with it: "
+                             "clients of different keys never share entries or see each "
+                             "other's in cached_tokens (needs --api-key) (default: off)")
     parser.add_argument("--max-body-bytes", type=positive_int, default=8 << 20,
                         help="largest request body accepted, in bytes (default: 8 MiB)")
     parser.add_argument("--max-prompts-per-request", type=positive_int, default=256,
@@ -86,11 +99,25 @@ def template_kwargs(text: str) -> dict:
     return value
 
 
-def api_key(args: argparse.Namespace) -> str | None:
-    """--api-key, else the first API_KEY_ENV variable set (an empty one means none)."""
-    if args.api_key:
-        return args.api_key
-    return next((os.environ[name] for name in API_KEY_ENV if os.environ.get(name)), None)
+def api_keys(args: argparse.Namespace) -> tuple[str, ...]:
+    """--api-key's keys, else the first API_KEY_ENV variable set (an empty key means
+    none); no keys: no authentication."""
+    keys = tuple(key for key in args.api_key or () if key)
+    if keys:
+        return keys
+    return next(((os.environ[name],) for name in API_KEY_ENV if os.environ.get(name)), ())
+
+
+def cache_salts(args: argparse.Namespace, keys: tuple[str, ...]):
+    """The server's cache-salt policy; SystemExit for a flag that needs an API key
+    without one (it would protect nothing)."""
+    from server.cache_salt import CacheSalts
+
+    for flag, on in (("--cache-salt-from-api-key", args.cache_salt_from_api_key),
+                     ("--metrics-require-api-key", args.metrics_require_api_key)):
+        if on and not keys:
+            raise SystemExit(f"v4serve serve: {flag} needs --api-key (or $VLLM_API_KEY)")
+    return CacheSalts(args.require_cache_salt, args.cache_salt_from_api_key)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -123,13 +150,16 @@ def make_server(args: argparse.Namespace):
 
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         raise SystemExit("v4serve serve: --enable-auto-tool-choice needs --tool-call-parser")
+    keys = api_keys(args)
+    salts = cache_salts(args, keys)
     engine, spec, compiling = (_core(args) if args.engine_process else _in_process(args))
     options = ChatOptions(args.reasoning_parser, args.tool_call_parser,
                           args.enable_auto_tool_choice, args.default_chat_template_kwargs)
     state = ServerState(engine, spec, args.served_model_name or spec.SPEC_NAME,
-                        api_key=api_key(args), max_body_bytes=args.max_body_bytes,
+                        api_key=keys or None, max_body_bytes=args.max_body_bytes,
                         max_n=args.max_n, max_prompts=args.max_prompts_per_request,
-                        compile_process=compiling, chat_options=options)
+                        compile_process=compiling, chat_options=options,
+                        cache_salts=salts, metrics_require_api_key=args.metrics_require_api_key)
     config = uvicorn.Config(build_app(state), host=args.host, port=args.port,
                             log_level="info", timeout_graceful_shutdown=args.drain_timeout)
     server = DrainingServer(config, state, args.drain_timeout)
