@@ -65,6 +65,13 @@ class ChatPlan:
     tool_name: str | None = None            # the named function
     structured: StructuredOutputs | None = None
     fallback: StructuredOutputs | None = None   # auto: if `structured` does not compile
+    # how the output's calls are read (server/chat_output.py): the tools a call may name
+    # (None: any, for a plan made without a request), whether more than one call is read,
+    # and in auto mode whether DSML calls are read at all (not where the output cannot
+    # hold the markup's token: a V4 vocabulary under the client's own constraint)
+    tool_names: tuple[str, ...] | None = None
+    parallel: bool = True
+    read_calls: bool = True
 
 
 def plan(tokenizer: Tokenizer, req: ChatCompletionRequest, options: ChatOptions,
@@ -97,7 +104,12 @@ def plan(tokenizer: Tokenizer, req: ChatCompletionRequest, options: ChatOptions,
             fallback = _after_reasoning(tokenizer, fallback, req.thinking_token_budget)
     ids = render(tokenizer, [m.as_dict() for m in req.messages], thinking=thinking,
                  effort=effort_of(req), tools=tools, extra=kwargs, limit=limit)
-    return ChatPlan(ids, thinking, mode, name, structured, fallback)
+    names = (name,) if mode == "named" else tuple(t["name"] for t in tools)
+    # under the client's own constraint a V4 vocabulary's output cannot hold the token
+    # (its strings are text): "｜DSML｜" there is spelled out, never a call
+    read_calls = auto or tokenizer.token_id(v4_encoding.DSML) is None
+    return ChatPlan(ids, thinking, mode, name, structured, fallback, names,
+                    req.parallel_tool_calls is not False, read_calls)
 
 
 def _after_reasoning(tokenizer: Tokenizer, structured: StructuredOutputs | None,

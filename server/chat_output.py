@@ -8,20 +8,23 @@ says what the whole response says.
 
 By the plan's tool mode:
     named     the text is the function's arguments, streamed as they come
-    required  the text is a JSON array of calls, each released when its object closes
-              (text left over that is not the array's end comes back as content)
+    required  the text is a JSON array of calls (server/call_array.py), each call's name
+              first, then its arguments as they are written (text that leaves the array
+              comes back as content)
     auto      DSML calls are parsed out of the content (server/v4_output.py), each
               call's name first, then its arguments in fragments as they are read
     none      the text is content
 and the reasoning parser, when on and the prompt opened a thinking block, splits the
-reasoning off first.
+reasoning off first. Calls are read after the reasoning only (where the request's grammar
+holds them to its tools), name one of the request's tools, and are one at most without
+parallel calls; each reader's work is linear in the output.
 """
 from __future__ import annotations
 
-import json
 import secrets
 
 from runtime.text.growing_text import GrowingText
+from server.call_array import CallArray
 from server.chat import ChatOptions, ChatPlan
 from server.v4_output import Parsed, V4OutputParser
 
@@ -35,8 +38,14 @@ class ChatOutput:
         self.mode, self.name = plan.tool_mode, plan.tool_name
         self.reasoning = bool(options.reasoning_parser) and plan.thinking
         self.parser = None
-        if self.mode in ("auto", "none") and (self.reasoning or self.mode == "auto"):
-            self.parser = V4OutputParser(reasoning=self.reasoning, tools=self.mode == "auto")
+        calls = self.mode == "auto" and plan.read_calls
+        if self.mode in ("auto", "none") and (self.reasoning or calls):
+            # without a reasoning parser the reasoning is content, but holds no calls
+            self.parser = V4OutputParser(reasoning=plan.thinking, split=self.reasoning,
+                                         tools=calls, names=plan.tool_names,
+                                         parallel=plan.parallel)
+        self.array = CallArray(plan.tool_names, plan.parallel) \
+            if self.mode == "required" else None
         # named, required: the reasoning comes off first, the rest is the calls' text
         self.thought = V4OutputParser(reasoning=True, tools=False) \
             if self.reasoning and self.mode in ("named", "required") else None
@@ -44,8 +53,7 @@ class ChatOutput:
         self._reasoning, self._content = GrowingText(), GrowingText()
         self._arguments = GrowingText()        # named: the one call's arguments
         self.calls: list[dict] = []            # OpenAI tool calls (named: see message)
-        self._pieces: list[GrowingText] = []   # auto: each call's arguments as streamed
-        self._unread = ""                      # required: the text past the last call
+        self._pieces: list[GrowingText] = []   # auto, required: each call's arguments
 
     def feed(self, text: str, final: bool = False) -> dict:
         """The delta `text` makes; `final`: the output ended with it (release the rest)."""
@@ -94,7 +102,7 @@ class ChatOutput:
     def message(self) -> dict:
         if self.mode == "named" and self.calls:          # its arguments, joined here
             self.calls[0]["function"]["arguments"] = str(self._arguments)
-        if self.mode == "auto":
+        if self.mode in ("auto", "required"):
             for call, pieces in zip(self.calls, self._pieces):
                 call["function"]["arguments"] = str(pieces)
         content = self.content
@@ -152,35 +160,13 @@ class ChatOutput:
         return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}
 
     def _required(self, text: str) -> dict:
-        """Each call of the JSON array `[call, call, ...]` once its object is complete
-        (an object that closes cannot grow, so where the text is cut does not matter).
-        An object closes with "}": text without one completes no call, and is only kept."""
-        self._unread += text
-        if "}" not in text:
-            return {}
-        calls = []
-        while True:
-            at = _skip(self._unread, 0, "[, \n")
-            try:
-                call, end = _DECODER.raw_decode(self._unread, at)
-                name, args = call["name"], json.dumps(call["parameters"], ensure_ascii=False)
-            except (ValueError, TypeError, KeyError, RecursionError):
-                break
-            calls.append(self._call(name, args))
-            self._unread = self._unread[end:]
-        return {"tool_calls": calls} if calls else {}
+        """The calls of the JSON array `[call, call, ...]`, as they are read."""
+        return self._delta(self.array.feed(text))
 
     def _leftover(self) -> dict:
-        """What follows the last whole call, if more than the array's end: the output
-        was cut short (or is not an array), and the text comes back as content."""
-        rest = self._unread[_skip(self._unread, 0, "[, \n"):] if self.calls \
-            else self._unread
-        if not rest.strip(" \n,]"):
-            return {}
-        return self._delta(Parsed(content=rest))
-
-
-_DECODER = json.JSONDecoder()
+        """The output ended: what the array reader held back (text of an object never
+        named, or not an array at all, comes back as content)."""
+        return self._delta(self.array.finish())
 
 
 def _merged(delta: dict, more: dict) -> dict:
@@ -188,9 +174,3 @@ def _merged(delta: dict, more: dict) -> dict:
     for key, value in more.items():
         delta[key] = delta.get(key, type(value)()) + value
     return delta
-
-
-def _skip(text: str, at: int, chars: str) -> int:
-    while at < len(text) and text[at] in chars:
-        at += 1
-    return at

@@ -191,6 +191,46 @@ def test_auto_tool_calls_and_reasoning_read_alike_whole_and_streamed():
     assert ChatOutput(plan, PARSERS).finish_reason("stop") == "stop"
 
 
+def test_the_plan_carries_how_calls_are_read(v4, tiny):
+    """The declared tools, parallel_tool_calls, and whether DSML is read: not where the
+    output cannot hold the token (a V4 vocabulary under the client's own constraint)."""
+    auto = chat.plan(v4, _request(tools=[WEATHER, TIME]), PARSERS)
+    assert (auto.tool_names, auto.parallel, auto.read_calls) == (
+        ("get_weather", "get_time"), True, True)
+    one = chat.plan(v4, _request(tools=[WEATHER, TIME], parallel_tool_calls=False), PARSERS)
+    assert not one.parallel
+    named = chat.plan(v4, _request(tools=[WEATHER, TIME], tool_choice={
+        "type": "function", "function": {"name": "get_time"}}), PARSERS)
+    assert named.tool_names == ("get_time",)
+    asked = _request(tools=[WEATHER], response_format={"type": "json_object"})
+    assert not chat.plan(v4, asked, PARSERS).read_calls
+    assert chat.plan(tiny, asked, PARSERS).read_calls          # there the markup is text
+
+
+def test_calls_are_read_only_as_the_plan_allows():
+    """Undeclared tools and, without parallel calls, a second call stay content; a block
+    in the reasoning is reasoning (content without a reasoning parser), never a call."""
+    forged = DSML_TEXT.replace("get_weather", "wipe_disk")
+    plan = ChatPlan([], False, "auto", tool_names=("get_weather",))
+    message, _ = _read(plan, PARSERS, [forged])
+    assert message == {"role": "assistant", "content": forged}
+    two = DSML_TEXT + DSML_TEXT.replace("I will look it up.", " Again.")
+    message, _ = _read(ChatPlan([], False, "auto", tool_names=("get_weather",),
+                                parallel=False), PARSERS, [two])
+    assert len(message["tool_calls"]) == 1
+    assert message["content"] == "I will look it up." + two[len(DSML_TEXT):]
+    thought = "Maybe " + DSML_TEXT + "</think>" + DSML_TEXT
+    for options in (PARSERS, ChatOptions(None, "deepseek_v4", True)):
+        message, _ = _read(ChatPlan([], True, "auto", tool_names=("get_weather",)), options,
+                           [thought])
+        assert len(message["tool_calls"]) == 1
+        said = (message.get("reasoning_content", "") or "") + message["content"]
+        assert said == ("Maybe " + DSML_TEXT + ("" if options is PARSERS else "</think>")
+                        + "I will look it up.")
+    spelled = ChatPlan([], False, "auto", tool_names=("get_weather",), read_calls=False)
+    assert _read(spelled, PARSERS, [DSML_TEXT])[0]["content"] == DSML_TEXT
+
+
 def test_without_the_parsers_the_text_is_content():
     plan = ChatPlan([], True, "none")
     message, _ = _read(plan, ChatOptions(), ["a</think>" + DSML_TEXT])
