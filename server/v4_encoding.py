@@ -12,10 +12,17 @@ Rendering passes every piece of the client's text (contents, reasoning, call nam
 arguments, tool schemas, response_format) through a `content` function: the identity for
 `encode`, content marks for `encode_segments`, whose segments tell the client's text from
 the format's own markup (BOS, EOS, User, Assistant, think tags, DSML tags, the tools text).
+
+The one departure from the released encoder: a tool result's tags are plain text in the
+format, so a result that held "</tool_result>" would close its block and could add
+results of its own. In a result's text, a "<" that starts such a tag (either one, any
+case, spaces allowed) is written "&lt;": a result can neither close its block nor open
+another, and reads as the text it was.
 """
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -78,6 +85,7 @@ You MUST strictly follow the above defined tool name and parameter schemas to in
 
 RESPONSE_FORMAT_HEADER = ("## Response Format:\n\n"
                           "You MUST strictly adhere to the following schema to reply:\n")
+RESULT_TAG = re.compile(r"<(?=\s*/?\s*tool_result)", re.IGNORECASE)   # a result's tag starts
 
 
 def to_json(value) -> str:
@@ -332,8 +340,13 @@ def _suffix(turn: _Turn, content: Callable[[str], str]) -> str:
 
 
 def _blocks(turn: _Turn, content: Callable[[str], str]) -> str:
-    return "\n\n".join(f"<tool_result>{content(b.text)}</tool_result>" if b.result
+    return "\n\n".join(f"<tool_result>{content(_result(b.text))}</tool_result>" if b.result
                        else content(b.text) for b in turn.blocks)
+
+
+def _result(text: str) -> str:
+    """A tool result's text, unable to write its block's tags."""
+    return RESULT_TAG.sub("&lt;", text)
 
 
 def _tool_calls(calls: list[_Call], content: Callable[[str], str]) -> str:
