@@ -67,12 +67,13 @@ class Sampler:
         return self.sampling.rows(states, counters)
 
     def _seed(self, request: Request) -> int:
-        """The request's stream (a signed 64-bit integer): its seed, or one drawn once
-        for it (kept across a preemption: the request takes it to its next slot)."""
+        """The request's stream (a signed 64-bit integer): its seed, or 64 random bits
+        drawn once for it (kept across a preemption: the request takes it to its next
+        slot)."""
         if request.request_id not in self._seeds:
             seed = request.params.seed
             self._seeds[request.request_id] = seed if seed is not None \
-                else self._rng.getrandbits(63)
+                else self._rng.getrandbits(64) - 2**63
         return self._seeds[request.request_id]
 
     def sample(self, requests: list[Request], logits: torch.Tensor, results) -> list[Sampled]:

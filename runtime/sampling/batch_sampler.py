@@ -10,7 +10,8 @@ runtime/sampling/sampling_state.py):
     row draws from p without it and stops there.
 
 Draws use the exponential race: token = argmax(p / E), E ~ Exp(1), with E from a
-counter-based hash of (row seed, output index, token id). A seeded request therefore
+counter-based hash of (row seed, output index, token id), its state 64 bits wide
+(stream_state: distinct seeds, distinct streams). A seeded request therefore
 samples the same tokens whatever else shares its launch, and nothing here syncs the
 host. Whatever the parameters, the arithmetic stays finite: adjusted logits are clamped
 to float32's range before the mask, and the temperature divides logits minus their row
@@ -28,7 +29,9 @@ from runtime.core.sampling_params import SAMPLING_EPS
 from runtime.sampling.sampling_state import F32_MAX, RowParams
 
 _MASK32 = 0xFFFFFFFF
-_SALT = 0x9E3779B9         # so that seed 0 does not hash to 0 (the mix keeps 0 at 0)
+# stream_state's round keys: arbitrary 32-bit constants, distinct so that no two rounds
+# are alike
+_ROUND_KEYS = (0x9E3779B9, 0x7F4A7C15, 0x85EBCA6B, 0xC2B2AE35, 0x27D4EB2F, 0x165667B1)
 
 
 # -- the pieces ------------------------------------------------------------------------
@@ -84,16 +87,39 @@ def _top_p(probs: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
 
 
 def uniform(seed: torch.Tensor, counter: torch.Tensor, lanes: int) -> torch.Tensor:
-    """[N, lanes] uniforms in (0, 1), a pure function of (seed, counter, lane). The two
-    halves of the seed are mixed in turn (so swapping or equal halves give other
-    streams); 23 bits per uniform, so (u + 0.5) / 2^23 is exact in float32 and never 1
-    (E = -log(U) is then never 0, which would make p / E NaN for p = 0)."""
+    """[N, lanes] uniforms in (0, 1), a pure function of (seed, counter, lane): lane l
+    of a row hashes the draw's key (the first word of stream_state(seed, counter)) with
+    l. 23 bits per uniform, so (u + 0.5) / 2^23 is exact in float32 and never 1 (E =
+    -log(U) is then never 0, which would make p / E NaN for p = 0).
+
+    Two draws share their uniforms only when their 32-bit keys match (2^-32 for two
+    draws), never a whole stream: that takes the keys of every counter to match."""
+    key, _ = stream_state(seed, counter)
     lane = torch.arange(lanes, device=seed.device)
-    x = _mix((seed & _MASK32) ^ _SALT)
-    x = _mix(x ^ ((seed >> 32) & _MASK32))
-    x = _mix(x ^ (counter & _MASK32))[:, None]
-    x = _mix(x ^ lane[None, :])
+    x = _mix(key[:, None] ^ lane[None, :])
     return ((x >> 9).float() + 0.5) / float(1 << 23)
+
+
+def stream_state(seed: torch.Tensor, counter: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 64-bit state of draw `counter` of stream `seed` (both [N] int64): two 32-bit
+    words (a, b) [N] int64 in [0, 2^32). The seed's halves go through Feistel rounds
+    (b ^= mix(a ^ key), then a ^= mix(b ^ key), ...), the counter's halves keyed into
+    the middle two: each round can be undone, so at any counter distinct 64-bit seeds
+    have distinct states. (A fold of the seed to 32 bits before the counter, as this
+    was, makes seeds share whole streams, and two of 77k unseeded requests share one
+    with even odds.) Counters are output indices, so below 2^63; the round keys keep
+    seed 0 off mix's fixed point 0."""
+    a, b = seed & _MASK32, (seed >> 32) & _MASK32
+    low, high = counter & _MASK32, (counter >> 32) & _MASK32
+    keys = (_ROUND_KEYS[0], _ROUND_KEYS[1], low ^ _ROUND_KEYS[2], high ^ _ROUND_KEYS[3],
+            _ROUND_KEYS[4], _ROUND_KEYS[5])
+    for n, key in enumerate(keys):
+        if n % 2 == 0:
+            b = b ^ _mix(a ^ key)
+        else:
+            a = a ^ _mix(b ^ key)
+    return a, b
 
 
 def _mix(x: torch.Tensor) -> torch.Tensor:

@@ -66,7 +66,7 @@ def sampling_params(vocab: int, max_logprobs: int = 40):
                        st.integers(-2**63, 2**63 - 1)),
         logit_bias=st.lists(st.tuples(st.integers(0, vocab - 1),
                                       _floats(-100.0, 100.0, [-100.0, 0.0, 100.0])),
-                            max_size=4).map(tuple),
+                            max_size=4, unique_by=lambda pair: pair[0]).map(tuple),
         logprobs=st.one_of(st.none(), st.integers(0, max_logprobs)))
 
 
