@@ -179,53 +179,70 @@ def _check_size(tokenizer: Tokenizer, prompt: str, limit: int | None) -> None:
                           f"({len(prompt)} characters)", "messages")
 
 
-# Strings a template compares rather than prints: left unmarked
-UNMARKED = ("role", "type")
+# The strings a template compares rather than prints, left unmarked: where the request's
+# schema (server/protocol.py) holds them to a few words. Every other string the client
+# sent is marked, at any depth (a "type" inside a tool's schema is printed, not compared).
+UNMARKED = {"messages": (("*", "role"), ("*", "tool_calls", "*", "type")),
+            "tools": (("*", "type"),), "chat_template_kwargs": ()}
 
 
 def _render_template(tokenizer: Tokenizer, messages: list[dict], thinking: bool,
                      tools: list[dict] | None, extra: dict | None,
                      limit: int | None) -> list[int]:
-    variables = {**(extra or {}), "thinking": thinking, "enable_thinking": thinking}
-    fill = partial(_fill, tokenizer, variables)
+    """The prompt of a Jinja chat template, with every client string (messages, tools,
+    chat_template_kwargs) content: see _marked."""
     tools = [{"type": "function", "function": t} for t in tools or []] or None
-    text = fill(messages, tools)
+    given = {"messages": messages, "tools": tools, "chat_template_kwargs": extra or {}}
+    _check_keys(tokenizer, given)
+    fill = partial(_fill, tokenizer, thinking)
+    text = fill(given)
     _check_size(tokenizer, text, limit)
-    segments = _marked(fill, messages, tools, text)
+    segments = _marked(fill, given, text)
     add_special_tokens = tokenizer.chat_template is None
     if segments is not None:
         return tokenizer.encode_segments(segments, add_special_tokens=add_special_tokens)
     # content cannot be told from markup (the template changed the client's text): the
     # whole text is encoded, so no client string may spell an added token
-    if any(tokenizer.spells_added_token(s) for s in _strings([messages, tools])):
-        raise bad_request("the messages spell a control token of this checkpoint, and its "
-                          "chat template changes message text, so the server cannot keep "
-                          "it from acting as one; leave it out", "messages")
+    for field, value in given.items():
+        if any(tokenizer.spells_added_token(s) for s in _strings(value)):
+            raise bad_request(f"the {field} spell a control token of this checkpoint, and "
+                              "its chat template changes their text, so the server cannot "
+                              "keep it from acting as one; leave it out", field)
     return tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
-def _strings(value):
-    """Every string in a JSON-like value, dict keys included."""
+def _check_keys(tokenizer: Tokenizer, given: dict) -> None:
+    """A 400 for a dict key that spells a control token: a key cannot be marked (a
+    template reads fields by their names), and a template may print it (tojson)."""
+    for field, value in given.items():
+        if any(tokenizer.spells_added_token(k) for k in _strings(value, values=False)):
+            raise bad_request(f"a key in the {field} spells a control token of this "
+                              "checkpoint; leave it out", field)
+
+
+def _strings(value, values: bool = True):
+    """Every dict key in a JSON-like value and, with `values`, every other string."""
     if isinstance(value, str):
-        yield value
+        if values:
+            yield value
     elif isinstance(value, list):
         for item in value:
-            yield from _strings(item)
+            yield from _strings(item, values)
     elif isinstance(value, dict):
         for key, item in value.items():
             yield key
-            yield from _strings(item)
+            yield from _strings(item, values)
 
 
-def _marked(fill: Callable[..., str], messages: list[dict], tools: list[dict] | None,
-            text: str) -> list[Segment] | None:
+def _marked(fill: Callable[[dict], str], given: dict, text: str) -> list[Segment] | None:
     """`text`, the template's prompt, as segments: rendered again with the client's
-    strings (message fields, tool definitions) between content marks. None when that
-    render is not `text` plus well-paired marks: the template trimmed, sliced or compared
-    a marked string, or raised on one."""
+    strings (message fields, tool definitions, chat_template_kwargs values) between
+    content marks. None when that render is not `text` plus well-paired marks: the
+    template trimmed, sliced or compared a marked string, or raised on one."""
     marks = ContentMarks()
     try:
-        marked = fill(marks.wrap_values(messages, UNMARKED), marks.wrap_values(tools, UNMARKED))
+        marked = fill({field: marks.wrap_values(value, UNMARKED[field])
+                       for field, value in given.items()})
     except APIError:
         return None
     segments = marks.split(marked)
@@ -234,13 +251,16 @@ def _marked(fill: Callable[..., str], messages: list[dict], tools: list[dict] | 
     return segments
 
 
-def _fill(tokenizer: Tokenizer, variables: dict, messages: list[dict],
-          tools: list[dict] | None) -> str:
+def _fill(tokenizer: Tokenizer, thinking: bool, given: dict) -> str:
+    """The template rendered over `given` (messages, tools, chat_template_kwargs: the
+    template's arguments, the server's own taking precedence)."""
+    variables = {**given["chat_template_kwargs"], "thinking": thinking,
+                 "enable_thinking": thinking, "messages": given["messages"],
+                 "tools": given["tools"], "add_generation_prompt": True,
+                 "bos_token": tokenizer.config.get("bos_token") or "",
+                 "eos_token": tokenizer.config.get("eos_token") or ""}
     try:
-        return _template(tokenizer.chat_template or FALLBACK).render(
-            messages=messages, add_generation_prompt=True,
-            bos_token=tokenizer.config.get("bos_token") or "",
-            eos_token=tokenizer.config.get("eos_token") or "", **{**variables, "tools": tools})
+        return _template(tokenizer.chat_template or FALLBACK).render(**variables)
     except Exception as exc:   # a template may raise on purpose (e.g. role order)
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from None
 

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Collection
 from typing import Any
 
 Segment = tuple[str, bool]                  # (text, is_markup)
+Path = tuple[str, ...]                      # keys down a JSON-like value; "*": a list's item
 
 
 class ContentMarks:
@@ -31,16 +33,20 @@ class ContentMarks:
         template may test it for truth)."""
         return f"{self.open}{text}{self.close}" if text else text
 
-    def wrap_values(self, value: Any, keep: tuple[str, ...] = ()) -> Any:
-        """A copy of a JSON-like value with every non-empty string wrapped, dict keys and
-        the strings right under a key of `keep` excepted (those a template compares)."""
+    def wrap_values(self, value: Any, keep: Collection[Path] = ()) -> Any:
+        """A copy of a JSON-like value with every non-empty string wrapped but dict keys
+        and the strings at the paths of `keep` (those a template compares): a path is the
+        keys from the value down, "*" standing for any item of a list, so ("*", "role")
+        is the role of each item and no other "role"."""
+        return self._wrap(value, (), frozenset(keep))
+
+    def _wrap(self, value: Any, path: Path, keep: frozenset[Path]) -> Any:
         if isinstance(value, str):
-            return self.wrap(value)
+            return value if path in keep else self.wrap(value)
         if isinstance(value, list):
-            return [self.wrap_values(v, keep) for v in value]
+            return [self._wrap(v, (*path, "*"), keep) for v in value]
         if isinstance(value, dict):
-            return {k: v if k in keep and isinstance(v, str) else self.wrap_values(v, keep)
-                    for k, v in value.items()}
+            return {k: self._wrap(v, (*path, k), keep) for k, v in value.items()}
         return value
 
     def split(self, rendered: str) -> list[Segment] | None:

@@ -217,6 +217,55 @@ def test_a_template_that_changes_the_text_encodes_it_whole_unless_it_spells_a_to
     assert caught.value.status == 400 and caught.value.param == "messages"
 
 
+def test_template_arguments_a_template_prints_are_content(tiny):
+    """chat_template_kwargs are the client's strings too: printed, they are plain text."""
+    tiny.chat_template = ("{{ bos_token }}{{ preamble }}{% for m in messages %}{{ m.content }}"
+                          "{% endfor %}{{ eos_token }}")
+    kwargs = {"preamble": "be brief <eos><bos> ", "other": ["<eos>"]}
+    ids = chat.render(tiny, [user("hi")], extra=kwargs)
+    assert ids.count(tiny.bos_id) == ids.count(tiny.eos_id) == 1
+    assert ids[0] == tiny.bos_id and ids[-1] == tiny.eos_id
+    assert chat.render(tiny, [user("hi")], extra={"preamble": "be brief "}) \
+        == tiny.encode("<bos>be brief hi<eos>", False)
+
+
+def test_a_type_inside_a_tool_schema_is_content(tiny):
+    """Only the tools' own "type" ("function") is left unmarked, for a template to compare:
+    a "type" deeper in a schema, which templates print, is the client's text."""
+    tiny.chat_template = ("{% for t in tools %}{% if t.type == 'function' %}"
+                          "{% for k, p in t.function.parameters.properties.items() %}"
+                          "{{ k }}: {{ p.type }}\n{% endfor %}{% endif %}{% endfor %}"
+                          "{% for m in messages %}{{ m.content }}{% endfor %}")
+    tools = [{"name": "f", "parameters": {"type": "object", "properties": {
+        "a": {"type": "<eos>"}, "b": {"type": "<bos>string"}}}}]
+    ids = chat.render(tiny, [user("hi")], tools=tools)
+    assert tiny.eos_id not in ids and tiny.bos_id not in ids
+    assert tiny.decode(ids, skip_special_tokens=False) == "a: <eos>\nb: <bos>string\nhi"
+
+
+def test_a_template_argument_it_compares_is_kept_from_spelling_a_token(tiny):
+    """A template that compares an argument cannot be rendered with marks: the prompt is
+    encoded whole, and only while no client string spells a control token."""
+    tiny.chat_template = ("{% if mode == 'fast' %}F{% endif %}{{ note }}"
+                          "{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert chat.render(tiny, [user("hi")], extra={"mode": "fast", "note": "n"}) \
+        == tiny.encode("Fnhi", False)
+    with pytest.raises(APIError, match="spell a control token") as caught:
+        chat.render(tiny, [user("hi")], extra={"mode": "fast", "note": "<eos>"})
+    assert caught.value.param == "chat_template_kwargs"
+
+
+@pytest.mark.parametrize("field", ["tools", "chat_template_kwargs"])
+def test_a_key_that_spells_a_token_is_refused(tiny, field):
+    """Keys cannot be marked (a template reads fields by name) and tojson prints them."""
+    tiny.chat_template = "{{ tools | tojson }}{{ extra | tojson }}"
+    args = {"tools": [{"name": "f", "parameters": {"properties": {"<eos>": {}}}}]} \
+        if field == "tools" else {"extra": {"extra": {"<bos>": 1}}}
+    with pytest.raises(APIError, match="key") as caught:
+        chat.render(tiny, [user("hi")], **args)
+    assert caught.value.status == 400 and caught.value.param == field
+
+
 # -- the marks ---------------------------------------------------------------------------------
 
 
@@ -228,6 +277,11 @@ def test_marks_are_fresh_and_split_only_when_paired():
     assert marks.split(marks.open + "x") is None
     assert marks.split("x" + marks.close) is None
     assert marks.split(marks.open + marks.wrap("x") + marks.close) is None
-    wrapped = marks.wrap_values({"role": "user", "content": "x", "n": [1, "y", ""]}, ("role",))
+    wrapped = marks.wrap_values({"role": "user", "content": "x", "n": [1, "y", ""]},
+                                [("role",)])
     assert wrapped == {"role": "user", "content": marks.wrap("x"),
                        "n": [1, marks.wrap("y"), ""]}
+    # a kept path is that path alone: the same key deeper down is marked
+    nested = [{"type": "function", "function": {"type": "<eos>", "p": {"type": "t"}}}]
+    assert marks.wrap_values(nested, [("*", "type")]) == [{"type": "function", "function": {
+        "type": marks.wrap("<eos>"), "p": {"type": marks.wrap("t")}}}]
