@@ -17,6 +17,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -39,6 +40,32 @@ _SHARED_LOCK = threading.Lock()
 
 class GrammarError(ValueError):
     """A constraint that does not compile; the message says why."""
+
+
+# what building a grammar from a client's text may raise: llguidance's parsers and
+# converters raise ValueError (UnicodeError too: a lone surrogate), TypeError,
+# RecursionError, and a Rust panic as pyo3's PanicException (a BaseException, caught by
+# name in _refusing); json, KeyError or IndexError on an odd shape
+BUILD_ERRORS = (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError)
+
+
+@contextmanager
+def _refusing(what: str):
+    """Whatever building or compiling a constraint raises is a GrammarError: a
+    constraint is the client's text, so each failure of it is a bad request (a 400),
+    never a server error. `what` prefixes the message. Only the library calls and the
+    handling of their results run inside; other exceptions propagate as they are."""
+    try:
+        yield
+    except GrammarError:
+        raise
+    except BUILD_ERRORS as exc:
+        raise GrammarError(f"{what}{str(exc).strip() or type(exc).__name__}") from None
+    except BaseException as exc:
+        if type(exc).__name__ != "PanicException":
+            raise
+        raise GrammarError(f"{what}the grammar library failed on it: "
+                           f"{_first_line(str(exc))}") from None
 
 
 @dataclass(frozen=True)
@@ -88,6 +115,17 @@ class StructuredOutputs:
         if len(given) != 1:
             raise GrammarError("structured outputs take exactly one of json, json_object, "
                                f"regex, choice or grammar; got {given or 'none'}")
+        for name in ("json", "regex", "grammar"):
+            _check_text(name, getattr(self, name))
+        if self.choice is not None:
+            if not isinstance(self.choice, tuple) or not self.choice:
+                raise GrammarError("a choice must list one or more non-empty strings")
+            for option in self.choice:
+                _check_text("a choice", option)
+        if not isinstance(self.json_object, bool):
+            raise GrammarError(f"json_object must be true or false, got {self.json_object!r}")
+        if self.reasoning is not None and not isinstance(self.reasoning, Reasoning):
+            raise GrammarError(f"reasoning must be a Reasoning, got {self.reasoning!r}")
 
     def definition(self) -> str:
         """The llguidance grammar text of this constraint (not yet checked): with
@@ -96,30 +134,45 @@ class StructuredOutputs:
         answer = self._answer()
         if self.reasoning is None:
             return answer
-        grammars = _grammars(answer)
-        grammars[0] = {**grammars[0], "name": "answer"}
-        return json.dumps({"grammars": [{"lark_grammar": self.reasoning.lark()}, *grammars]})
+        with _refusing("the grammar after the reasoning is not usable: "):
+            grammars = _grammars(answer)
+            grammars[0] = {**grammars[0], "name": "answer"}
+            return json.dumps({"grammars": [{"lark_grammar": self.reasoning.lark()},
+                                            *grammars]})
 
     def _answer(self) -> str:
+        """The constraint's own grammar; GrammarError, whatever its text makes the
+        library raise."""
         if self.json is not None or self.json_object:
             schema = self.json if self.json is not None else ANY_OBJECT
-            try:
+            with _refusing("the JSON schema is not usable: "):
                 json.loads(schema)
                 return llguidance.LLMatcher.grammar_from_json_schema(schema,
                                                                      defaults=JSON_OPTIONS)
-            except (ValueError, RecursionError) as exc:
-                raise GrammarError(f"the JSON schema is not usable: {exc}") from None
         if self.regex is not None:
-            return llguidance.LLMatcher.grammar_from_regex(self.regex)
+            with _refusing("the regex is not usable: "):
+                return llguidance.LLMatcher.grammar_from_regex(self.regex)
         if self.choice is not None:
-            if not self.choice or any(not isinstance(c, str) or not c for c in self.choice):
-                raise GrammarError("a choice must list one or more non-empty strings")
-            return llguidance.LLMatcher.grammar_from_lark(
-                "start: " + " | ".join(json.dumps(c) for c in self.choice))
-        try:
+            with _refusing("the choice is not usable: "):
+                return llguidance.LLMatcher.grammar_from_lark(
+                    "start: " + " | ".join(json.dumps(c) for c in self.choice))
+        with _refusing(""):
             return llguidance.grammar_from("grammar", self.grammar)
-        except ValueError as exc:
-            raise GrammarError(str(exc)) from None
+
+
+def _check_text(name: str, text) -> None:
+    """A constraint's text is a str the grammar library can read (UTF-8: no lone
+    surrogate, which JSON's \\ud800 escapes can give)."""
+    if text is None:
+        return
+    if not isinstance(text, str):
+        raise GrammarError(f"{name} must be a string, got {type(text).__name__}")
+    if not text and name == "a choice":
+        raise GrammarError("a choice must list one or more non-empty strings")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise GrammarError(f"{name} holds a lone surrogate (not Unicode text)") from None
 
 
 class Vocabulary:
@@ -165,7 +218,8 @@ class Vocabulary:
         """GrammarError if the constraint does not compile for this vocabulary, or cannot
         give its first mask within the limits (what the runner will do first)."""
         matcher = self.matcher(constraint)
-        self.bitmask(matcher)
+        with _refusing(""):
+            self.bitmask(matcher)
         if matcher.is_error():
             raise GrammarError(_first_line(matcher.get_error()))
 
@@ -177,7 +231,9 @@ class Vocabulary:
             if compiled is not None:
                 self._compiled.move_to_end(definition)
                 return compiled.deep_copy()
-        compiled = llguidance.LLMatcher(self.tokenizer, definition, log_level=0, limits=LIMITS)
+        with _refusing(""):
+            compiled = llguidance.LLMatcher(self.tokenizer, definition, log_level=0,
+                                            limits=LIMITS)
         if compiled.is_error():
             raise GrammarError(_first_line(compiled.get_error()))
         with self._lock:
@@ -283,11 +339,19 @@ class TokenMasks:
 
 
 def _grammars(definition: str) -> list[dict]:
-    """The grammars of a definition: llguidance's JSON form, or Lark text (one grammar)."""
+    """The grammars of a definition: llguidance's JSON form (an object whose "grammars"
+    lists one or more objects), or Lark text (one grammar: text that is not JSON).
+    GrammarError for JSON of another shape."""
     try:
-        return json.loads(definition)["grammars"]
+        parsed = json.loads(definition)
     except ValueError:
         return [{"lark_grammar": definition}]
+    grammars = parsed.get("grammars") if isinstance(parsed, dict) else None
+    if not isinstance(grammars, list) or not grammars \
+            or not all(isinstance(g, dict) for g in grammars):
+        raise GrammarError("a grammar in JSON form must list its grammars under "
+                           '"grammars" (one or more objects)')
+    return grammars
 
 
 def _regex_literal(text: str) -> str:

@@ -13,6 +13,7 @@ from runtime.core.sampling_params import SamplingParams
 from runtime.device.grammar_masks import GrammarMasks
 from runtime.sampling import batch_sampler
 from runtime.sampling.sampling_state import row_params
+from runtime.text import grammar
 from runtime.text.grammar import (
     GrammarError,
     Reasoning,
@@ -67,6 +68,111 @@ def test_a_constraint_is_exactly_one_kind():
 def test_a_constraint_that_does_not_compile_is_refused(vocabulary, so, message):
     with pytest.raises(GrammarError, match=message):
         vocabulary.check(so)
+
+
+# -- hostile constraints: every failure is a GrammarError (a 400), never another error --
+
+DEEP = '{"type": "array", "items": ' * 5000 + "{}" + "}" * 5000
+HOSTILE = {
+    "type not a string": {"json": '{"type": 5}'},
+    "properties a list": {"json": '{"properties": []}'},
+    "ref to nothing": {"json": '{"$ref": "#/nope"}'},
+    "ref not a string": {"json": '{"$ref": 5}'},
+    "required not a list": {"json": '{"type": "object", "required": "a"}'},
+    "enum not a list": {"json": '{"enum": 5}'},
+    "negative minItems": {"json": '{"type": "array", "minItems": -1}'},
+    "minItems past any number": {"json": '{"type": "array", "minItems": 1e400}'},
+    "minimum past int64": {"json": '{"type": "integer", "minimum": 1e300}'},
+    "multipleOf 0": {"json": '{"type": "number", "multipleOf": 0}'},
+    "unknown format": {"json": '{"type": "string", "format": "nope"}'},
+    "unsatisfiable": {"json": '{"allOf": [{"type": "string"}, {"type": "integer"}]}'},
+    "deeply nested": {"json": DEEP},
+    "pattern that does not compile": {"json": '{"type": "string", "pattern": "(("}'},
+    "schema not an object": {"json": "[]"},
+    "schema not JSON": {"json": "{"},
+    "schema not text": {"json": {"type": "object"}},
+    "huge enum": {"json": json.dumps({"enum": [f"v{i}" for i in range(50_000)]})},
+    "regex that does not compile": {"regex": "(("},
+    "regex backreference": {"regex": r"(a)\1"},
+    "regex lookahead": {"regex": "(?=a)a"},
+    "regex lone surrogate": {"regex": "\ud800"},
+    "regex not text": {"regex": 5},
+    "grammar lone surrogate": {"grammar": 'start: "\ud800"'},
+    "grammar not text": {"grammar": 5},
+    "grammar JSON": {"grammar": '{"grammars": 5}'},
+    "grammar unknown rule": {"grammar": "start: foo"},
+    "grammar token past the vocabulary": {"grammar": "start: <[999999999]>"},
+    "grammar max_tokens past u64":
+        {"grammar": "start: a\na[max_tokens=99999999999999999999]: /x*/"},
+    "grammar bad %json": {"grammar": 'start: %json {"type": 5}'},
+    "choice a string": {"choice": "abc"},
+    "choice of numbers": {"choice": (1, 2)},
+    "choice empty": {"choice": ()},
+    "choice lone surrogate": {"choice": ("\ud800",)},
+    "json_object not a bool": {"json_object": "yes"},
+}
+
+
+@pytest.mark.parametrize("reasoning", [None, Reasoning(), Reasoning(budget=3)],
+                         ids=["plain", "reasoning", "budget"])
+@pytest.mark.parametrize("fields", HOSTILE.values(), ids=HOSTILE.keys())
+def test_a_hostile_constraint_is_a_grammar_error(vocabulary, fields, reasoning):
+    with pytest.raises(GrammarError):
+        vocabulary.check(StructuredOutputs(**fields, reasoning=reasoning))
+
+
+@pytest.mark.parametrize("fields", [
+    {"json": '{"type": "array", "minItems": 1000000000}'},
+    {"json": '{"type": "array", "minItems": 100000, "items": {"type": "integer"}}'},
+    {"json": '{"type": "string", "minLength": 1000000000000}'},
+    {"regex": "a{1000000}"},
+    {"regex": "((a{100}){100}){100}"},
+    {"grammar": "start: "},
+], ids=["minItems 1e9", "minItems 1e5", "minLength 1e12", "a{1e6}", "nested repeats",
+        "empty rule"])
+def test_a_huge_constraint_compiles_or_is_a_grammar_error(vocabulary, fields):
+    """Bounds far past any output: llguidance builds these lazily (or refuses them
+    within its limits); never another exception."""
+    try:
+        vocabulary.check(StructuredOutputs(**fields))
+    except GrammarError:
+        pass
+
+
+@pytest.mark.parametrize("definition", ['{"grammars": 5}', '{"grammars": []}',
+                                        '{"grammars": [5]}', '{"x": 1}', "[1]", "5", "null"])
+def test_a_definition_in_json_of_another_shape_is_a_grammar_error(definition):
+    """JSON that is not llguidance's form (it used to index it: a TypeError or KeyError
+    after reasoning, a 500)."""
+    with pytest.raises(GrammarError, match="grammars"):
+        grammar._grammars(definition)
+    assert grammar._grammars('start: "a"') == [{"lark_grammar": 'start: "a"'}]
+
+
+@pytest.mark.parametrize("error", [KeyError("k"), TypeError("t"), IndexError("i"),
+                                   RecursionError("r"),
+                                   UnicodeEncodeError("utf-8", "", 0, 1, "x")])
+def test_whatever_the_grammar_library_raises_is_a_grammar_error(error, monkeypatch):
+    def failing(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(grammar.llguidance.LLMatcher, "grammar_from_json_schema", failing)
+    with pytest.raises(GrammarError, match="not usable"):
+        StructuredOutputs(json="{}").definition()
+
+
+def test_a_panic_in_the_grammar_library_is_a_grammar_error_and_other_errors_pass(monkeypatch):
+    """pyo3 raises a Rust panic as PanicException, a BaseException: a GrammarError here;
+    a KeyboardInterrupt stays what it is."""
+    PanicException = type("PanicException", (BaseException,), {})
+    for error, expected in ((PanicException("boom"), GrammarError),
+                            (KeyboardInterrupt(), KeyboardInterrupt)):
+        def failing(*args, error=error, **kwargs):
+            raise error
+
+        monkeypatch.setattr(grammar.llguidance.LLMatcher, "grammar_from_regex", failing)
+        with pytest.raises(expected):
+            StructuredOutputs(regex="a").definition()
 
 
 def test_masks_follow_the_output(vocabulary, tokenizer):

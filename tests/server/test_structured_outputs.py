@@ -281,6 +281,10 @@ def test_completions_take_response_format_and_guided_fields(client):
     ({"guided_json": "[" * 100_000}, "guided_json"),              # deeper than Python parses
     ({"guided_json": "true"}, "guided_json"),                     # a schema, not an object
     ({"guided_regex": "[^\\x00-\\U0010FFFF]"}, "guided_regex"),    # matches no text
+    ({"guided_json": {"type": 5}}, "guided_json"),                # keywords of wrong types
+    ({"guided_json": {"properties": []}}, "guided_json"),
+    ({"structured_outputs": {"json": {"$ref": "#/nope"}}}, "structured_outputs"),
+    ({"guided_regex": "(a)\\1"}, "guided_regex"),                # a backreference
     ({"structured_outputs": {"grammar": "start: nothing_here"}}, "structured_outputs"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
      "tool_choice"),
