@@ -28,6 +28,9 @@ class Request:
     params: SamplingParams
     arrival: int                              # admission order; larger = later
     eos_token_id: int | None = None
+    # the HTTP body it came from (its prompts x n): admission takes turns between groups
+    # (runtime/core/waiting_queue.py); None: a group of its own
+    group: str | None = None
     output_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     rank: int | None = None

@@ -10,7 +10,9 @@ Every step plans decode first, then prefill, per rank:
              admissions. A chunk is min(remaining, effective extent, the rank's token
              budget left) tokens; the runner pads it to the tile.
     admit    the head of the queue goes to the least-loaded rank that can supply its
-             first chunk's blocks (and an MTP slot); ties rotate. It stays there.
+             first chunk's blocks (and an MTP slot); ties rotate. It stays there. The
+             queue (runtime/core/waiting_queue.py) puts preempted requests first, then
+             takes turns between the bodies requests came from, each in arrival order.
 
 Blocks, prefix-cache hits and saves are the CacheManager's (runtime/core/cache_manager.py):
 the scheduler asks it what a request needs and puts the pages and copies it plans into
@@ -22,7 +24,6 @@ least one prompt token is always computed).
 """
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -33,6 +34,7 @@ from runtime.core.mtp_slots import SlotTable
 from runtime.core.prefix_cache import CacheStats, Layout
 from runtime.core.request import Request, Status
 from runtime.core.speculation import Speculation
+from runtime.core.waiting_queue import WaitingQueue
 
 _ARRIVAL = attrgetter("arrival")
 
@@ -151,7 +153,7 @@ class Scheduler:
         self.config, self.slots = config, slots
         self.speculation = speculation or Speculation(config.k)
         self.cache = CacheManager(pool, block_formulas, layout, config.k)
-        self.waiting: deque[Request] = deque()
+        self.waiting = WaitingQueue()
         self.running: list[list[Request]] = [[] for _ in range(config.ranks)]
         self._next_rank = 0   # round-robin pointer for admission ties
         self.num_preemptions = 0
@@ -190,8 +192,8 @@ class Scheduler:
         if request.status is Status.RUNNING:
             self._release(request)
             self.running[request.rank].remove(request)
-        elif request in self.waiting:
-            self.waiting.remove(request)
+        else:                   # waiting (O(1)), or not queued yet (a grammar compiling)
+            self.waiting.discard(request)
         request.status, request.finish_reason = Status.FINISHED, reason
         request.stop_reason = stop_reason
 
@@ -300,7 +302,7 @@ class Scheduler:
 
     def _admit(self, out: SchedulerOutput, budget: list[int], used: list[int]) -> None:
         while self.waiting and self.num_running < self.config.max_num_seqs:
-            request = self.waiting[0]
+            request = self.waiting.peek()
             if request in out.preempted:   # not back on the step that preempted it
                 return
             picked = self._pick_rank(request, budget, used)

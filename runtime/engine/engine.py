@@ -203,16 +203,18 @@ class Engine:
     # -- requests --------------------------------------------------------------------
 
     def add_request(self, prompt: str | list[int], params: SamplingParams,
-                    request_id: str | None = None) -> Request:
+                    request_id: str | None = None, group: str | None = None) -> Request:
         """Queue a request; ValueError (InvalidParam naming the field where one is at
-        fault) says why it can never run."""
+        fault) says why it can never run. `group`: the HTTP body it came from (its
+        prompts x n share one); admission takes turns between groups, so one body's many
+        requests do not hold another's first token (None: a group of its own)."""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self.admission.check(ids, params)
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         eos = eos_token_id(self.tokenizer, self.spec.architecture.CONFIG)
-        request = Request(request_id, ids, params, next(self._arrival), eos)
+        request = Request(request_id, ids, params, next(self._arrival), eos, group)
         if self.output_processor is not None:
             self.output_processor.add(request_id, ids, params.stop)
         try:
