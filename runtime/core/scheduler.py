@@ -14,6 +14,13 @@ Every step plans decode first, then prefill, per rank:
              queue (runtime/core/waiting_queue.py) puts preempted requests first, then
              takes turns between the bodies requests came from, each in arrival order.
 
+A decode row of a request of n tokens writes positions n - 1 .. n - 1 + K: the step's K
+is at most max_model_len - n for every row (`_width`), so no row's context passes
+max_model_len (nor the last context bucket, which the kernels cannot take); its blocks
+are reserved for that many positions, which admission checks a rank can hold. For the
+last tokens before the limit a step runs fewer drafts than the policy chose (the
+largest K served at or below the cap), and the engine reports the K that ran.
+
 Blocks, prefix-cache hits and saves are the CacheManager's (runtime/core/cache_manager.py):
 the scheduler asks it what a request needs and puts the pages and copies it plans into
 the step's output. With prefix caching, admission first looks up the request's block
@@ -29,7 +36,15 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 
 from runtime.core.block_pool import BlockPool
-from runtime.core.cache_manager import CacheManager, Hit, PageCopy, Pin, Save, too_large
+from runtime.core.cache_manager import (
+    CacheManager,
+    Hit,
+    PageCopy,
+    Pin,
+    Save,
+    sources,
+    too_large,
+)
 from runtime.core.mtp_slots import SlotTable
 from runtime.core.prefix_cache import CacheStats, Layout
 from runtime.core.request import Request, Status
@@ -135,7 +150,8 @@ def refusal(num_tokens: int, config: SchedulerConfig,
     if num_tokens >= config.max_model_len:
         return (f"prompt of {num_tokens} tokens leaves no room to generate under "
                 f"max_model_len {config.max_model_len}")
-    first = num_tokens + 1 + config.k                # the prompt and its first decode step
+    # the prompt and its first decode step (its drafts capped at the context's end)
+    first = min(num_tokens + 1 + config.k, config.max_model_len)
     short = too_large(first, formulas, capacity)
     return f"a prompt of {num_tokens} tokens needs {short}" if short else None
 
@@ -232,10 +248,26 @@ class Scheduler:
         the context, whichever ends it first)."""
         acceptance = [r.acceptance for r in rows]
         if self.waiting:
-            return self.speculation.choose(acceptance)
-        left = [max(1, min(r.params.max_tokens - len(r.output_ids),
-                           self.config.max_model_len - r.num_tokens)) for r in rows]
-        return self.speculation.choose(acceptance, left)
+            k = self.speculation.choose(acceptance)
+        else:
+            left = [max(1, min(r.params.max_tokens - len(r.output_ids),
+                               self.config.max_model_len - r.num_tokens)) for r in rows]
+            k = self.speculation.choose(acceptance, left)
+        return self._served(min([k] + [self._width(r) for r in rows]))
+
+    def _width(self, request: Request) -> int:
+        """The most drafts a decode row of the request may run: its positions end at
+        max_model_len - 1 (a decoding request has at most max_model_len - 1 tokens: at
+        least one)."""
+        return max(0, min(self.config.k, self.config.max_model_len - request.num_tokens))
+
+    def _served(self, k: int) -> int:
+        """The largest K at or below `k` that has decode launches: a spec may declare no
+        layout between two Ks (the served ones, config.batches, include the largest at
+        or below every cap: runtime/core/speculation.py's step_ks)."""
+        while k and self.config.batches and not self.config.batch(k):
+            k -= 1
+        return k
 
     def _schedule_decode(self, rank: int, out: SchedulerOutput,
                          budget: list[int]) -> list[Request]:
@@ -244,7 +276,7 @@ class Scheduler:
         for request in sorted(self.running[rank], key=_ARRIVAL):
             if request.status is not Status.RUNNING or request.prefilling:
                 continue
-            need = self.cache.need(request, request.num_tokens + self.config.k)
+            need = self.cache.need(request, request.num_tokens + self._width(request))
             if need:                          # most steps: its blocks hold the row
                 while not self.cache.can_allocate(rank, need):
                     victim = max(self.running[rank], key=lambda r: r.arrival)
@@ -365,7 +397,8 @@ class Scheduler:
         """Advance what each launched request has computed, then append its sampled
         tokens up to the first token-level stop (EOS, stop token, max_tokens,
         max_model_len). Returns the tokens each request kept. A request that ended
-        during the step (it failed) has no result and is skipped."""
+        during the step (it failed) has no result and is skipped, and its saves make no
+        prefix-cache entry: a launch that failed may have left its pages half written."""
         for chunk in out.prefill:
             if not chunk.request.finished:
                 chunk.request.num_computed = chunk.end
@@ -375,7 +408,14 @@ class Scheduler:
                     request.num_computed = request.num_tokens - 1 + len(results[request])
         kept = {request: self._append(request, tokens) for request, tokens in results.items()
                 if not request.finished}
-        self.cache.register(out.saves + out.snapshots, out.pins)
+        saves, pins = [], list(out.pins)
+        for save in out.saves + out.snapshots:
+            if save.request.finish_reason == "error":      # its pages are let go only
+                pins += [(save.rank, {g: [page] for g, page in save.pages.items()}),
+                         (save.rank, sources(save.copies))]
+            else:
+                saves.append(save)
+        self.cache.register(saves, pins)
         return kept
 
     def _append(self, request: Request, tokens: Sequence[int]) -> list[int]:

@@ -152,7 +152,7 @@ from __future__ import annotations
 
 import operator
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 POLICIES = ("fixed", "adaptive")
@@ -662,6 +662,17 @@ def _at(points: list[tuple[float, float]], rows: int) -> float:
 def _bucket(rows: int) -> int:
     """Rows 1, 2-3, 4-7, 8-15, ... share a cost estimate."""
     return max(rows, 1).bit_length()
+
+
+def step_ks(policy: str, k: int, layouts: Collection[int]) -> tuple[int, ...]:
+    """The K a decode step may run under `policy` with at most `k` drafts, given the K of
+    the spec's decode layouts: adaptive every K up to k; fixed k, and for the last tokens
+    before max_model_len (where the scheduler caps a step's drafts at 1 .. k - 1) the
+    largest layout at or below each cap."""
+    if policy == "adaptive" and k:
+        return tuple(range(k + 1))
+    caps = {max(j for j in layouts if j <= cap) for cap in range(1, k)}
+    return tuple(sorted(caps | {k}))
 
 
 def make(policy: str, k: int) -> Speculation:

@@ -15,8 +15,11 @@ kernel (staging buffers allocated once) and the dispatch counters. A step:
               ring state is saved, each saved as the computation stands there
     copy      every sampled token, acceptance and log-prob to the host, at once
 
-Per request, only the host's share of the work can fail alone (its sampling row); a
-row whose distribution comes out unsound (no finite mass) fails its request too.
+Per request, the host's share of the work can fail alone (its sampling row); a row
+whose distribution comes out unsound (no finite mass) fails its request too. A launch
+that raises (its marshalling, its kernel, its rows' sampling) fails the requests it
+carries, with its error, and the step goes on without them: their pages and slots are
+handed to the next owners zeroed, and their saves make no prefix-cache entry.
 
 The runner orchestrates; each job has a module of its own:
 
@@ -45,6 +48,7 @@ import torch
 
 from runtime.core.request import Request
 from runtime.core.scheduler import PrefillChunk, SchedulerOutput
+from runtime.core.speculation import step_ks
 from runtime.device import page_copies
 from runtime.device.decode_step import DecodeStep
 from runtime.device.grammar_masks import GrammarMasks
@@ -98,9 +102,12 @@ class ModelRunner:
         self.prefill = Launcher(spec.kernels.PREFILL_MAIN, device, backend, ranks=self.ranks)
         self.prefill_mtp = Launcher(spec.kernels.PREFILL_MTP, device, backend, ranks=self.ranks) \
             if k else None
+        # every K a step may run: adaptive's; fixed K's, and the fewer drafts of the
+        # last tokens before max_model_len (Scheduler._width)
         self.decoders = {j: Launcher(spec.kernels.DECODE_BY_K[j], device, backend,
                                      ranks=self.ranks)
-                         for j in (range(k + 1) if adaptive else (k,))}
+                         for j in step_ks("adaptive" if adaptive else "fixed", k,
+                                          spec.contract.DECODE_LAYOUTS)}
         # K=0 that keeps the MTP slots (adaptive): the twin
         self.twin = Launcher(spec.kernels.DECODE_KEEPING_SLOTS_BY_K[0], device, backend,
                              ranks=self.ranks) if adaptive and k else None
@@ -129,21 +136,36 @@ class ModelRunner:
         self._clear(out)
         self.inputs.update(out)
         page_copies.copy_pages(self.pools, out.restores, self.device)
-        results: dict[Request, StepResult] = {}
-        decoder = self._decoder(out)
-        step = self.inputs.decode_step(out.decode, decoder.kernel)
-        sampled = self._sample_decoded([self._decode(decoder, step, i, results)
-                                        for i in range(len(step))], decoder.kernel, results)
+        results: dict[Request, StepResult] = {}      # until to_host: the failed ones
+        sampled = self._decode_step(out, results)
         launches = out.prefill_launches()
         if extents is None:
             extents = prefill_extents(self.spec.contract, launches)
         for i, extent in enumerate(extents):
-            pieces = launches[i] if i < len(launches) else []
-            sampled += self._prefill(pieces, results, extent)
-            page_copies.copy_pages(self.pools, page_copies.saved_at(out.snapshots, pieces),
-                                   self.device)
+            pieces = [p for p in (launches[i] if i < len(launches) else [])
+                      if p.request not in results]        # a piece before it failed
+            sampled += _isolated([p.request for p in pieces], results, [], self._prefill,
+                                 pieces, results, extent)
+            page_copies.copy_pages(self.pools, page_copies.saved_at(
+                out.snapshots, [p for p in pieces if p.request not in results]), self.device)
         results.update(to_host(sampled, self.max_logprobs))
         return results
+
+    def _decode_step(self, out: SchedulerOutput, results) -> list[Sampled]:
+        """Every decode launch of the step, then their rows sampled at once; a launch
+        that raises fails its own requests, a layout or a sampling that raises the
+        step's decode rows."""
+        rows = [r for launch in out.decode for r in launch]
+        decoder = self._decoder(out)
+        step = _isolated(rows, results, None, self.inputs.decode_step, out.decode,
+                         decoder.kernel)
+        if step is None:
+            return []
+        decoded = [_isolated(step.requests_of(i), results, None, self._decode, decoder, step,
+                             i, results) for i in range(len(step))]
+        sampled = [d.requests for d in decoded if d is not None]
+        return _isolated([r for part in sampled for r in part], results, [],
+                         self._sample_decoded, decoded, decoder.kernel, results)
 
     def _decoder(self, out: SchedulerOutput) -> Launcher:
         k = self.k if out.k is None else out.k
@@ -289,6 +311,7 @@ class ModelRunner:
     # -- prefill ---------------------------------------------------------------------
 
     def _prefill(self, chunks: list[PrefillChunk], results, extent: int) -> list[Sampled]:
+        """One main prefill launch, its first tokens sampled, and the MTP prefill."""
         out = self._launch(self.prefill, pools=self.pools, weights=self.params,
                            **self.inputs.prefill(chunks, extent, self.prefill.buffers))
         sampled, first = self._sample_first(chunks, out.logits, results)
@@ -337,3 +360,14 @@ class ModelRunner:
     def close(self) -> None:
         """Stop the grammar thread (compiles not started are dropped)."""
         self.masks.close()
+
+
+def _isolated(requests: list[Request], results, failed, work, *args):
+    """work(*args); if it raises, each of `requests` not failed already fails with the
+    error (its StepResult) and `failed` is returned: the step goes on without them."""
+    try:
+        return work(*args)
+    except Exception as exc:  # noqa: BLE001 - isolated to the launch's requests
+        for request in requests:
+            results.setdefault(request, StepResult([], error=exc))
+        return failed

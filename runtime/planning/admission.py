@@ -14,7 +14,7 @@ from runtime.core.mtp_slots import SlotTable
 from runtime.core.prefix_cache import Layout, Unsupported
 from runtime.core.sampling_params import InvalidParam, SamplingParams
 from runtime.core.scheduler import Scheduler, SchedulerConfig, refusal
-from runtime.core.speculation import POLICIES, Speculation
+from runtime.core.speculation import POLICIES, Speculation, step_ks
 from runtime.core.speculation import make as make_speculation
 from runtime.planning import capacity
 from runtime.planning.memory_plan import MemoryPlan
@@ -243,11 +243,13 @@ def _resolve(config: Any, spec: ModuleType) -> tuple[int, SchedulerConfig]:
                           f"({limits['max_model_len']}) within one prefill dispatch ({extent}); "
                           "lower --max-model-len")
     # adaptive: every K up to k, each step cut by its own layout's batch; a rank runs as
-    # many requests as the widest of them takes
-    ks = range(k + 1) if policy == "adaptive" else [k]
+    # many requests as the widest of them takes (fixed: K's; the steps of the last
+    # tokens before max_model_len run fewer drafts, on their own layouts: step_ks)
+    ks = step_ks(policy, k, c.DECODE_LAYOUTS)
     batches = tuple(c.DECODE_LAYOUTS[j].batch if j in ks else 0 for j in range(k + 1))
     return k, SchedulerConfig(
-        ranks=c.RANKS, prefill_slots=c.SLOTS_PER_RANK, decode_batch=max(batches),
+        ranks=c.RANKS, prefill_slots=c.SLOTS_PER_RANK,
+        decode_batch=max(batches) if policy == "adaptive" else batches[k],
         batches=batches, micro_batches=c.DECODE_MICRO_BATCHES, k=k, effective_extent=extent,
         max_num_batched_tokens=limits["max_num_batched_tokens"],
         max_num_seqs=limits["max_num_seqs"], max_model_len=limits["max_model_len"],
