@@ -2,10 +2,12 @@
 written: `[{"name": NAME, "parameters": ARGUMENTS}, ...]` (server/chat.py's schema).
 
 A call's first piece names it as soon as its name is read, if it is one of the request's
-tools; its arguments are the text of its "parameters" value as the model writes it, and
-stream as they come (before the name, they wait for it). The pieces of a call join to its
-arguments, however the text was split. Each feed() costs time in its text (plus a
-backslash held back at most): nothing is read twice, and no text is copied but the new.
+tools (an object naming another tool is content, as in server/v4_output.py; vLLM drops
+such a call), and without parallel calls a second object is content too. Its arguments
+are the text of its "parameters" value as the model writes it, and stream as they come
+(before the name, they wait for it). The pieces of a call join to its arguments, however
+the text was split. Each feed() costs time in its text (plus a backslash held back at
+most): nothing is read twice, and no text is copied but the new.
 
 Text that leaves the array (which the JSON schema's grammar allows only where an output
 is cut short) ends the reading: a call already named stays as it was streamed, and the text

@@ -5,7 +5,8 @@ the V4 chat format (server/v4_encoding.py): thinking or not, reasoning effort, t
 tool calls in DSML. Any other checkpoint uses its Jinja chat template (given `tools`,
 `thinking` and the request's chat_template_kwargs), or a plain fallback. Either way the
 client's text is tokenized as plain text: only the renderer's own markup yields control
-tokens (server/content_marks.py), so a message cannot forge a turn or a tool call.
+tokens (server/content_marks.py), so a message, a tool definition or a template argument
+cannot forge a turn or a tool call.
 
 The reading (ChatPlan): whether the prompt opened a thinking block, which tool mode the
 request is in, and the constraint its output is sampled under:
@@ -17,6 +18,10 @@ request is in, and the constraint its output is sampled under:
                            (server/dsml_grammar.py); the text around it is free
                  required  the output is a JSON array of {name, parameters} calls
                  named     the output is the named function's arguments (JSON)
+
+A call the output makes is read only if it names one of the request's tools, and one at
+most with parallel_tool_calls false (the grammars hold the output to that, and the readers
+hold to it whatever the text).
 
 A thinking prompt's output is free reasoning first: a constraint (a response_format,
 guided_*, tool_choice required or named) applies from the end of the reasoning block, and
