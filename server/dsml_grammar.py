@@ -43,7 +43,7 @@ from server.v4_encoding import DSML
 # parameters). The parser takes any whitespace there; a constrained model free to add
 # whitespace can spend its whole budget on it.
 SPACE = r"/\n{0,2}/"
-NAME = r'/[^"<>\n]+/'            # a name ends at '"'; the others break the grammar
+NAME = r'[^"<>\n]+'              # a name ends at '"'; the others break the grammar
 UNWRITABLE = '"<>\n'             # characters a name of the format cannot hold
 TEXT_KIND = json.dumps('" string="true">')       # after a parameter's name: its value's kind
 JSON_KIND = json.dumps('" string="false">')
@@ -74,7 +74,8 @@ class DsmlGrammar:
         block = f'block: ">" ({SPACE} call){repeat} {SPACE} {self._mark("</", "tool_calls>")}'
         return "\n".join(["%llguidance {}", f"start: (head block){blocks} TEXT", self._head(),
                           block, f"call: {' | '.join(calls)}", f"TEXT: {free}",
-                          self._text_value_rule(), *self.rules]) + "\n"
+                          self._text_value_rule(), f"PARAM_NAME: {_without(NAME, DSML)}",
+                          *self.rules]) + "\n"
 
     def _mark(self, before: str, after: str) -> str:
         """The markup `before` ｜DSML｜ `after` as grammar: literals around the token, or one
@@ -138,7 +139,7 @@ class DsmlGrammar:
         """Any parameters: a name, then a text or a JSON value."""
         name = f"{rule}_any"
         opening = self._mark("<", 'parameter name="')
-        self.rules.append(f"{name}: {SPACE} {opening} {NAME} ({TEXT_KIND} text_value"
+        self.rules.append(f"{name}: {SPACE} {opening} PARAM_NAME ({TEXT_KIND} text_value"
                           f" | {JSON_KIND} %json {{}} {self._close()})")
         return f"{name}*"
 
@@ -185,7 +186,9 @@ def _regex_slashes(regex: str) -> str:
 
 
 def _writable(name: str) -> bool:
-    return not any(c in name for c in UNWRITABLE)
+    """Whether the format can write `name`: none of its stops, and no "｜DSML｜" (which
+    free text may not spell where it is a token)."""
+    return not any(c in name for c in UNWRITABLE) and DSML not in name
 
 
 def _json_text(value) -> str | None:

@@ -220,6 +220,10 @@ def test_free_text_cannot_spell_the_token(vocab):
     assert _takes_ids(vocab, _ids(vocab, before + after), tools)
     inside = _ids(vocab, f"</{DSML}parameter>", spell=True)
     assert not _takes_ids(vocab, _ids(vocab, before) + inside + _ids(vocab, after), tools)
+    before, after = _block(("get_time", [_param("a|b", "x")])).split("|")   # any names
+    assert _takes_ids(vocab, _ids(vocab, before + after), tools)
+    assert not _takes_ids(vocab, _ids(vocab, before) + _ids(vocab, DSML, spell=True)
+                          + _ids(vocab, after), tools)
 
 
 def test_without_parallel_calls_an_output_holds_one_block(vocab):
@@ -231,10 +235,12 @@ def test_without_parallel_calls_an_output_holds_one_block(vocab):
 
 def test_tools_and_parameters_the_format_cannot_write_are_left_out(vocab):
     odd = [{"name": 'f">\n<x'}, {"name": "g", "parameters": {"type": "object", "properties": {
-        'k"': {"type": "string"}, "never": {"enum": []}, "ok": {"type": "integer"}},
+        'k"': {"type": "string"}, "never": {"enum": []}, "ok": {"type": "integer"},
+        f"a{DSML}b": {"type": "string"}},
         "required": 5}}]
     assert _takes(vocab, _block(("g", [_param("ok", "1", False)])), tools=odd)
     assert not _takes(vocab, _block(("g", [_param("never", "1", False)])), tools=odd)
+    assert not _takes(vocab, _block(("g", [_param(f"a{DSML}b", "x")])), tools=odd)
     nothing = [{"name": "h", "parameters": {"type": "object", "properties": {
         "x": {"enum": []}}, "required": ["x"]}}]
     assert _takes(vocab, "just text", tools=nothing)
