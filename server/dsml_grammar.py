@@ -28,10 +28,11 @@ range), the request falls back to the names-only grammar (`schemas=False`): an a
 sloppy schema costs it the argument checks, never the request.
 
 "｜DSML｜" is one added token in a V4 vocabulary, which llguidance reads as a special
-token: there the markup is written with that token, and free text (around the blocks and
-in text values) may not spell its text either, so every "｜DSML｜" of such an output is the
-token (as runtime/text/grammar.Reasoning does for "</think>"). In a vocabulary without it,
-the markup is text, and free text may not hold a block's opening but as a block.
+token: there the markup is written with that token, and no text may spell its text
+either (around the blocks, in text values and names; as runtime/text/grammar.Reasoning
+does for "</think>"), but inside the strings of a JSON value, which the parser reads past:
+so every "｜DSML｜" a text-level reader meets is the token. In a vocabulary without it, the
+markup is text, and free text may not hold a block's opening but as a block.
 """
 from __future__ import annotations
 
