@@ -319,3 +319,22 @@ def test_the_memory_an_add_allocates_on_never_valid_bytes_stays_flat():
     start = statistics.median(v for k, v in peaks.items() if k < 1200)
     end = statistics.median(v for k, v in peaks.items() if k >= 19_800)
     assert end <= 2 * start + 4 * CHUNK and end < 16_000, (start, end)
+
+
+def test_a_v4_shaped_vocabulary_streams_its_added_and_special_tokens_as_decode_does(
+        tmp_path):
+    """Added tokens ("</think>", "｜DSML｜": UTF-8 outside the byte alphabet) are their
+    text, special ones (BOS) nothing, between bytes that are not valid on their own."""
+    from tests.server.v4_tokenizer import write_v4_tokenizer
+
+    tokenizer = Tokenizer(write_v4_tokenizer(tmp_path))
+    assert tokenizer.token_bytes is not None
+    marks = [tokenizer.token_id(t) for t in ("<think>", "</think>", "｜DSML｜")]
+    marks.append(tokenizer.bos_id)
+    singles = [i for i, raw in enumerate(tokenizer.token_bytes) if len(raw) == 1]
+    rng = random.Random(5)
+    for _ in range(300):
+        ids = [rng.choice([*marks, *rng.sample(singles, 3), rng.randrange(tokenizer.vocab_size)])
+               for _ in range(rng.randint(1, 12))]
+        cuts = sorted(rng.sample(range(1, len(ids)), rng.randint(0, len(ids) - 1)))
+        _check(tokenizer, [ids[a:b] for a, b in zip([0, *cuts], [*cuts, len(ids)])])
