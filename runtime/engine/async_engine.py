@@ -3,10 +3,12 @@
     engine = AsyncEngine(Engine.build(config)); engine.start()
     async for output in engine.generate(prompt_ids, params, request_id): ...
 
-The event loop never waits for a step: new requests and aborts go through one queue (the
-intake's messages, runtime/engine/intake.py) that the engine thread drains between
-steps. Cancelling the consumer (a client that went away) aborts the request, which frees
-its blocks and MTP slot.
+The event loop never waits for a step: new bodies and aborts go through one queue that
+the engine thread drains between steps into its Intake (runtime/engine/intake.py),
+which adds a step's share of the requests sent; outputs go back through each body's
+OutputStream (runtime/engine/output_stream.py: bounded, whether or not its reader
+keeps up). Cancelling the consumer (a client that went away) aborts what is unfinished
+of its body, which frees its blocks and MTP slots.
 
 Failures are sorted by whose they are (runtime/engine/client.py): a request the engine
 refuses raises ValueError in its stream; a request whose own processing fails (sampling,
@@ -24,10 +26,11 @@ from collections import deque
 from collections.abc import AsyncIterator
 
 from runtime.core.sampling_params import SamplingParams
-from runtime.engine.client import EngineClient, EngineDeadError, consume
+from runtime.engine.client import EngineClient, EngineDeadError, follow, single
 from runtime.engine.engine import Engine
-from runtime.engine.intake import Abort, Add, take
+from runtime.engine.intake import Abort, Add, Choice, Intake
 from runtime.engine.output_processor import RequestOutput
+from runtime.engine.output_stream import OutputStream, wake_all
 
 
 class AsyncEngine(EngineClient):
@@ -40,7 +43,10 @@ class AsyncEngine(EngineClient):
         self._step_lock = threading.Lock()      # held by the engine thread for each step
         self._wake = threading.Event()
         self._incoming: deque[Add | Abort] = deque()   # the engine thread takes, in order
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        limits = engine.admission.limits
+        self._intake = Intake(engine, limits.max_num_seqs, limits.max_num_batched_tokens)
+        # request id -> its body's stream, from `stream` until its last output is sent
+        self._streams: dict[str, OutputStream] = {}
         self._thread = threading.Thread(target=self._loop, name="v4serve-engine", daemon=True)
         self._stopping = False
         self.error: BaseException | None = None
@@ -87,20 +93,33 @@ class AsyncEngine(EngineClient):
         self._thread.join(timeout=30)
 
     async def generate(self, prompt: str | list[int], params: SamplingParams,
-                       request_id: str) -> AsyncIterator[RequestOutput]:
+                       request_id: str, group: str | None = None
+                       ) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs. ValueError if the engine refuses it."""
+        async for out in single(self.stream(Add([prompt], [Choice(request_id, 0, params)],
+                                                group))):
+            yield out
+
+    async def stream(self, body: Add) -> AsyncIterator[list[RequestOutput]]:
+        """Stream a body's outputs, a batch at a time (EngineClient.stream)."""
         if self.error is not None:
             raise EngineDeadError(f"the engine stopped: {self.error}")
-        queue: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = (asyncio.get_running_loop(), queue)
-        self._incoming.append(Add(request_id, prompt, params))
+        stream = OutputStream(asyncio.get_running_loop())
+        ids = [choice.request_id for choice in body.choices]
+        self._streams.update(dict.fromkeys(ids, stream))
+        self._incoming.append(body)
         self._wake.set()
-        async for item in consume(queue, request_id, self.abort):
-            yield item
+        async for batch in follow(stream, ids, self._abort):
+            yield batch
 
     def abort(self, request_id: str) -> None:
-        self._streams.pop(request_id, None)
-        self._incoming.append(Abort([request_id]))
+        self._abort([request_id])
+
+    def _abort(self, request_ids: list[str]) -> None:
+        """End these requests (one message, however many)."""
+        for request_id in request_ids:
+            self._streams.pop(request_id, None)
+        self._incoming.append(Abort(request_ids))
         self._wake.set()
 
     def run_locked(self, fn, *args):
@@ -117,39 +136,47 @@ class AsyncEngine(EngineClient):
                 self._wake.clear()
                 with self._step_lock:
                     self._take_requests()
+                    self._refuse(self._intake.admit())
                     busy = self.engine.has_unfinished()
                     if busy:
                         self._deliver(self.engine.step())
-                if not busy:
+                if not (busy or self._intake.pending):
                     self._wake.wait()
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the callers
             self.error = exc
-            for loop, queue in list(self._streams.values()):
-                loop.call_soon_threadsafe(queue.put_nowait, exc)
+            streams = set(self._streams.values())
             self._streams.clear()
+            self._hand(stream for stream in streams if stream.fail(exc))
 
     def _take_requests(self) -> None:
         while self._incoming:
-            message = self._incoming.popleft()
-            if isinstance(message, Add) and message.request_id not in self._streams:
-                continue                               # cancelled before it started
-            refused = take(self.engine, message)
-            if refused is not None:
-                self._send(refused.request_id, refused.error())
-                self._streams.pop(refused.request_id, None)
+            self._intake.put(self._incoming.popleft())
 
-    def _send(self, request_id: str, item: object) -> None:
-        target = self._streams.get(request_id)
-        if target is None:
-            return
-        loop, queue = target
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-        except RuntimeError:                           # its event loop is gone: abort it
-            self.abort(request_id)
+    def _refuse(self, refused) -> None:
+        woken = []
+        for refusal in refused:
+            stream = self._streams.pop(refusal.request_id, None)
+            if stream is not None and stream.fail(refusal.error()):
+                woken.append(stream)
+        self._hand(woken)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
+        woken = []
         for output in outputs:
-            self._send(output.request_id, output)
-            if output.finished:
-                self._streams.pop(output.request_id, None)
+            stream = self._streams.pop(output.request_id, None) if output.finished \
+                else self._streams.get(output.request_id)
+            if stream is not None and stream.put(output):
+                woken.append(stream)
+        self._hand(woken)
+
+    def _hand(self, streams) -> None:
+        """Wake the readers of these streams: one call per event loop."""
+        loops: dict[asyncio.AbstractEventLoop, list[OutputStream]] = {}
+        for stream in streams:
+            loops.setdefault(stream.loop, []).append(stream)
+        for loop, woken in loops.items():
+            try:
+                loop.call_soon_threadsafe(wake_all, woken)
+            except RuntimeError:                       # its event loop is gone: abort
+                gone = set(woken)
+                self._abort([rid for rid, s in list(self._streams.items()) if s in gone])

@@ -9,20 +9,28 @@ The server reads nothing else of either (tests/runtime/test_engine_client.py che
 both declare every member and nothing public beyond it but their own listed extras); a
 new way to run the engine is a new class with this surface, not a probe in the server.
 
-Both stream a request's outputs through `consume`, so failures read the same: a request
-the engine refuses raises ValueError (InvalidParam naming the field); one whose own
-processing fails raises RequestFailedError; when the shared step fails every stream in
-flight and every later call raise EngineDeadError.
+The unit is a body (one HTTP request: its prompts x n): `stream` sends its prompts once
+and a Choice per engine request (runtime/engine/intake.py's Add), and yields its outputs
+a batch at a time from one OutputStream (runtime/engine/output_stream.py: bounded, the
+news of a request the reader has not taken merged into one output). Both clients follow
+a body through `follow`, so failures read the same: a request the engine refuses raises
+ValueError (InvalidParam naming the field); one whose own processing fails raises
+RequestFailedError; when the shared step fails every stream in flight and every later
+call raise EngineDeadError. Each ends the body's stream, and what is unfinished of the
+body is aborted in one message.
 """
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from runtime.core.sampling_params import SamplingParams
+    from runtime.engine.intake import Add
     from runtime.engine.output_processor import RequestOutput
+    from runtime.engine.output_stream import OutputStream
     from runtime.planning.admission import Admission
     from runtime.text.tokenizer import Tokenizer
 
@@ -76,9 +84,14 @@ class EngineClient(Protocol):
         """Counters and gauges for /metrics (Engine.snapshot; None before ready)."""
         ...
 
-    def generate(self, prompt: list[int], params: SamplingParams,
-                 request_id: str) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs (see the module docstring for what it raises)."""
+    def generate(self, prompt: list[int], params: SamplingParams, request_id: str,
+                 group: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream one request's outputs (a body of one: see `stream`)."""
+        ...
+
+    def stream(self, body: Add) -> AsyncIterator[list[RequestOutput]]:
+        """Stream a body's outputs, a batch at a time: each request's news since the
+        last batch as one output (see the module docstring for what it raises)."""
         ...
 
     def abort(self, request_id: str) -> None:
@@ -86,25 +99,37 @@ class EngineClient(Protocol):
         ...
 
 
-async def consume(queue: asyncio.Queue, request_id: str,
-                  abort: Callable[[str], None]) -> AsyncIterator[RequestOutput]:
-    """A request's outputs from the queue its client fills: RequestOutputs, then the end;
-    or a refusal (ValueError), its own failure (RequestFailedError, or an output with an
-    error) or the engine's (any other exception: EngineDeadError). A consumer that stops
-    early aborts the request."""
-    finished = False
+async def follow(stream: OutputStream, request_ids: list[str],
+                 abort: Callable[[list[str]], None]) -> AsyncIterator[list[RequestOutput]]:
+    """A body's outputs from the stream its client fills, a batch at a time, until
+    each request has finished; or a refusal (ValueError), a request's own failure
+    (RequestFailedError, or an output with an error) or the engine's (any other
+    exception: EngineDeadError). A consumer that stops early aborts what is unfinished,
+    in one call."""
+    live = set(request_ids)
     try:
-        while not finished:
-            item = await queue.get()
-            if isinstance(item, ValueError | RequestFailedError):
-                finished = True
-                raise item
-            if isinstance(item, BaseException):
-                raise EngineDeadError(f"the engine stopped: {item}") from item
-            finished = item.finished
-            if item.error is not None:
-                raise RequestFailedError(f"request {request_id} failed: {item.error}")
-            yield item
+        while live:
+            try:
+                batch = await stream.get()
+            except (ValueError, RequestFailedError, asyncio.CancelledError):
+                raise
+            except BaseException as exc:  # noqa: BLE001 - the engine's failure
+                live.clear()
+                raise EngineDeadError(f"the engine stopped: {exc}") from exc
+            for out in batch:
+                if out.finished:
+                    live.discard(out.request_id)
+                if out.error is not None:
+                    raise RequestFailedError(f"request {out.request_id} failed: {out.error}")
+            yield batch
     finally:
-        if not finished:
-            abort(request_id)
+        if live:
+            abort(list(live))
+
+
+async def single(batches: AsyncIterator[list[RequestOutput]]) -> AsyncIterator[RequestOutput]:
+    """A body of one request's batches as that request's outputs."""
+    async with aclosing(batches):
+        async for batch in batches:
+            for out in batch:
+                yield out

@@ -130,19 +130,36 @@ class Admission:
     def check(self, ids: list[int], params: SamplingParams) -> None:
         """InvalidParam for what the model cannot take or the limits refuse: an empty
         prompt, token ids outside the vocabulary, more log-probs, stop strings or stop
-        token ids than the limits."""
+        token ids than the limits (check_prompt, then check_params)."""
+        self.check_prompt(ids)
+        self.check_params(params)
+
+    def check_prompt(self, ids: list[int]) -> None:
+        """InvalidParam for a prompt the model cannot take: empty, or a token id outside
+        the vocabulary. One pass over the ids (in C): the requests of a body share their
+        prompts, so each distinct prompt is checked once (runtime/engine/intake.py)."""
         if not ids:
             raise InvalidParam("prompt", "the prompt is empty")
+        self._check_ids("prompt", ids)
+
+    def check_params(self, params: SamplingParams) -> None:
+        """InvalidParam for params the limits refuse; costs O(the params' own lists),
+        whatever the prompt's length."""
         self._check_stops(params)
-        for param, tokens in (("prompt", ids), ("stop_token_ids", params.stop_token_ids),
-                              ("logit_bias", [t for t, _ in params.logit_bias])):
-            bad = [t for t in tokens if not 0 <= t < self.vocab_size]
-            if bad:
-                raise InvalidParam(param, f"token id {bad[0]} is outside the vocabulary "
-                                          f"[0, {self.vocab_size})")
+        self._check_ids("stop_token_ids", params.stop_token_ids)
+        self._check_ids("logit_bias", [t for t, _ in params.logit_bias])
         if params.logprobs is not None and params.logprobs > self.max_logprobs:
             raise InvalidParam("logprobs", f"logprobs must be at most {self.max_logprobs}, "
                                            f"got {params.logprobs}")
+
+    def _check_ids(self, param: str, tokens) -> None:
+        """InvalidParam naming the first token id outside the vocabulary (min and max
+        find whether there is one; only then is it looked for)."""
+        if not tokens or (min(tokens) >= 0 and max(tokens) < self.vocab_size):
+            return
+        bad = next(t for t in tokens if not 0 <= t < self.vocab_size)
+        raise InvalidParam(param, f"token id {bad} is outside the vocabulary "
+                                  f"[0, {self.vocab_size})")
 
     def _check_stops(self, params: SamplingParams) -> None:
         """The stop lists within the limits (each costs work on every generated token)."""

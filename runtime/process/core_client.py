@@ -1,13 +1,16 @@
 """CoreClient: the engine core process as the API server sees it, an EngineClient
 (runtime/engine/client.py) as AsyncEngine is, so the server runs on either.
 
-The client starts the core (`python -m runtime.process.engine_core`), sends it requests and
-aborts, and turns each Step it pushes into RequestOutputs with its OutputProcessor: the
-incremental detokenization and the stop strings happen here, in the server process; an
-output the processor ended (a stop string) is aborted in the core. A receiver thread
-reads the core's pipe and watches the process: when the core dies (or reports Dead),
-every request in flight gets EngineDeadError within a poll interval, `healthy` turns
-false and stays false.
+The client starts the core (`python -m runtime.process.engine_core`), sends it bodies (one
+Add each: the prompts once, a Choice per request) and aborts (one message per body), and
+turns each Step it pushes into RequestOutputs with its OutputProcessor: the incremental
+detokenization and the stop strings happen here, in the server process; an output the
+processor ended (a stop string) is aborted in the core. A receiver thread reads the
+core's pipe and watches the process: when the core dies (or reports Dead), every
+request in flight gets EngineDeadError within a poll interval, `healthy` turns false
+and stays false. The receiver hands outputs to each body's OutputStream
+(runtime/engine/output_stream.py), which never blocks it: a body whose reader does not
+keep up has its news merged, one pending output per request.
 """
 from __future__ import annotations
 
@@ -29,22 +32,24 @@ import zmq
 import generated
 from runtime.core.config import EngineConfig
 from runtime.core.sampling_params import SamplingParams
-from runtime.engine.client import EngineClient, EngineDeadError, consume
+from runtime.engine.client import EngineClient, EngineDeadError, follow, single
 from runtime.engine.output_processor import OutputProcessor, RequestOutput
+from runtime.engine.output_stream import OutputStream, wake_all
 from runtime.planning.admission import Admission
-from runtime.process.core_messages import Abort, Add, Dead, FromCore, Ready, Shutdown, Step
+from runtime.process.core_messages import (
+    Abort,
+    Add,
+    Choice,
+    Dead,
+    FromCore,
+    Ready,
+    Shutdown,
+    Step,
+)
 from runtime.text.tokenizer import Tokenizer
 
 log = logging.getLogger("v4serve.core")
 POLL_MS = 100           # the receiver notices a dead core within this
-
-
-@dataclasses.dataclass
-class _Stream:
-    """A request in flight: where its outputs go (its text: the output processor's)."""
-
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
 
 
 class CoreClient(EngineClient):
@@ -66,7 +71,9 @@ class CoreClient(EngineClient):
         self.error: str | None = None
         self._summary: dict | None = None
         self._snapshot: dict | None = None
-        self._streams: dict[str, _Stream] = {}
+        # request id -> its body's stream (its text: the output processor's), until its
+        # last output; written by the event loop (add, abort) and the receiver (ends)
+        self._streams: dict[str, OutputStream] = {}
         self._send_lock = threading.Lock()
         self._stopping = False
         self._encoder = msgspec.msgpack.Encoder()
@@ -139,38 +146,53 @@ class CoreClient(EngineClient):
 
     # -- requests --------------------------------------------------------------------
 
-    async def generate(self, prompt: list[int], params: SamplingParams,
-                       request_id: str) -> AsyncIterator[RequestOutput]:
+    async def generate(self, prompt: list[int], params: SamplingParams, request_id: str,
+                       group: str | None = None) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs, as AsyncEngine.generate does."""
+        async for out in single(self.stream(Add([prompt], [Choice(request_id, 0, params)],
+                                                group))):
+            yield out
+
+    async def stream(self, body: Add) -> AsyncIterator[list[RequestOutput]]:
+        """Stream a body's outputs, a batch at a time (EngineClient.stream): its prompts
+        go to the core once, in one message with its choices."""
         if self.error is not None:
             raise EngineDeadError(f"the engine stopped: {self.error}")
         if not self.ready:
             raise EngineDeadError("the engine is still loading")
-        queue: asyncio.Queue = asyncio.Queue()
-        prompt_ids = list(prompt)
-        self._streams[request_id] = _Stream(asyncio.get_running_loop(), queue)
-        self._processor.add(request_id, prompt_ids, params.stop)
+        stream = OutputStream(asyncio.get_running_loop())
+        ids = [choice.request_id for choice in body.choices]
+        for choice in body.choices:       # the prompt lists are shared, never copied
+            self._streams[choice.request_id] = stream
+            self._processor.add(choice.request_id, body.prompts[choice.prompt],
+                                choice.params.stop)
         try:
-            self._send(Add(request_id, prompt_ids, params))
+            self._send(body)
         except BaseException:
-            self._end(request_id)
+            for request_id in ids:
+                self._end(request_id)
             raise
-        async for item in consume(queue, request_id, self.abort):
-            yield item
+        async for batch in follow(stream, ids, self._abort):
+            yield batch
 
     def abort(self, request_id: str) -> None:
-        if self._end(request_id) is not None:
-            self._abort_in_core(request_id)
+        self._abort([request_id])
 
-    def _end(self, request_id: str) -> _Stream | None:
+    def _abort(self, request_ids: list[str]) -> None:
+        """End these requests here and in the core (one message, however many)."""
+        ended = [request_id for request_id in request_ids if self._end(request_id) is not None]
+        if ended:
+            self._abort_in_core(ended)
+
+    def _end(self, request_id: str) -> OutputStream | None:
         """Stop following a request: its stream, if it still had one."""
         self._processor.forget(request_id)
         return self._streams.pop(request_id, None)
 
-    def _abort_in_core(self, request_id: str) -> None:
+    def _abort_in_core(self, request_ids: list[str]) -> None:
         if self.error is None:
             try:
-                self._send(Abort([request_id]))
+                self._send(Abort(request_ids))
             except EngineDeadError:
                 pass                     # the core is gone: nothing left to free
 
@@ -209,35 +231,36 @@ class CoreClient(EngineClient):
             self.on_ready(message.summary)
 
     def _step(self, message: Step) -> None:
-        """Every output of the step handed to the event loop in one wake-up."""
+        """Every output of the step handed to its body's stream, the readers woken with
+        one call per event loop."""
         self._snapshot = message.snapshot
-        batch = [(s, r.error()) for r in message.refused
-                 if (s := self._end(r.request_id)) is not None]
-        batch += self._outputs(message)
-        loops: dict[asyncio.AbstractEventLoop, list] = {}
-        for stream, item in batch:
-            loops.setdefault(stream.loop, []).append((stream.queue, item))
-        for loop, items in loops.items():
+        woken = [stream for r in message.refused
+                 if (stream := self._end(r.request_id)) is not None and stream.fail(r.error())]
+        woken += [stream for stream, out in self._outputs(message) if stream.put(out)]
+        loops: dict[asyncio.AbstractEventLoop, list[OutputStream]] = {}
+        for stream in woken:
+            loops.setdefault(stream.loop, []).append(stream)
+        for loop, streams in loops.items():
             try:
-                loop.call_soon_threadsafe(_put_all, items)
-            except RuntimeError:                        # its event loop is gone
-                for stream, item in batch:
-                    if stream.loop is loop and isinstance(item, RequestOutput) \
-                            and not item.finished:
-                        self.abort(item.request_id)
+                loop.call_soon_threadsafe(wake_all, streams)
+            except RuntimeError:                        # its event loop is gone: abort
+                gone = set(streams)
+                self._abort([rid for rid, s in list(self._streams.items()) if s in gone])
 
-    def _outputs(self, message: Step) -> list[tuple[_Stream, RequestOutput]]:
+    def _outputs(self, message: Step) -> list[tuple[OutputStream, RequestOutput]]:
         """The step's RequestOutputs with their streams. One the processor ended (a stop
         string; its text failed) still runs in the core: abort it there."""
         ended_in_core = {d.request_id for d in message.deltas if d.finished}
-        batch = []
+        stopped, batch = [], []
         for out in self._processor.process(message.deltas):
             if out.finished and out.request_id not in ended_in_core:
-                self._abort_in_core(out.request_id)
+                stopped.append(out.request_id)
             stream = self._end(out.request_id) if out.finished \
                 else self._streams.get(out.request_id)
             if stream is not None:
                 batch.append((stream, out))
+        if stopped:
+            self._abort_in_core(stopped)
         return batch
 
     def _die(self, error: str) -> None:
@@ -247,21 +270,11 @@ class CoreClient(EngineClient):
         if self.on_dead is not None:
             self.on_dead(error)
         failure = RuntimeError(error)
-        for request_id in list(self._streams):
-            if (stream := self._end(request_id)) is not None:   # not aborted meanwhile
-                _put(stream, failure)
-
-
-def _put(stream: _Stream, item: object) -> bool:
-    """Hand `item` to the stream's event loop; False if that loop is gone."""
-    try:
-        stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
-        return True
-    except RuntimeError:
-        return False
-
-
-def _put_all(items: list[tuple[asyncio.Queue, object]]) -> None:
-    """On the event loop: every (queue, item) of one step."""
-    for queue, item in items:
-        queue.put_nowait(item)
+        streams = {stream for request_id in list(self._streams)
+                   if (stream := self._end(request_id)) is not None}   # not aborted meanwhile
+        for stream in streams:
+            if stream.fail(failure):
+                try:
+                    stream.loop.call_soon_threadsafe(stream.wake)
+                except RuntimeError:
+                    pass                                # its event loop is gone

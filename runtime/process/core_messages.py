@@ -6,7 +6,9 @@ deltas of every request it advanced, the requests it refused, the metrics snapsh
 or Dead when the shared step failed (the core exits after sending it).
 
 Add, Abort and Refused are the engine's intake (runtime/engine/intake.py: an AsyncEngine
-queues the same ones); Delta is the output processor's input (runtime/engine/
+queues the same ones): an Add is one body, its prompts once and a Choice per request
+(16k requests over one prompt send the prompt once), an Abort ends any number of
+requests in one message; Delta is the output processor's input (runtime/engine/
 output_processor.py): token ids only, as text, stop strings and detokenization are the
 server's.
 """
@@ -14,8 +16,11 @@ from __future__ import annotations
 
 import msgspec
 
-from runtime.engine.intake import Abort, Add, Refused
+from runtime.engine.intake import Abort, Add, Choice, Refused
 from runtime.engine.output_processor import Delta
+
+__all__ = ["Abort", "Add", "Choice", "Dead", "Delta", "FromCore", "Ready", "Refused",
+           "Shutdown", "Step", "ToCore"]
 
 
 class Shutdown(msgspec.Struct, tag=True):

@@ -4,8 +4,10 @@ takes the interpreter from a step.
 
     python -m runtime.process.engine_core --config JSON --input ADDR --output ADDR --parent PID
 
-It pulls Add / Abort / Shutdown from --input and pushes, per step, one Step message (the
-deltas, the refusals, the metrics snapshot) to --output; see core_messages.py. Ready is
+It pulls Add / Abort / Shutdown from --input into its Intake (runtime/engine/intake.py:
+a body's requests are added a step's share at a time) and pushes, per step, one Step
+message (the deltas, the refusals, the metrics snapshot) to --output; see
+core_messages.py. Ready is
 sent once the engine is built and warmed up (graphs loaded; missing ones compile in a
 background process meanwhile). When the shared step fails it sends Dead and exits 1; it
 exits when its parent does, whatever killed the parent.
@@ -23,7 +25,7 @@ import zmq
 
 from runtime.core.config import EngineConfig
 from runtime.engine.engine import Engine
-from runtime.engine.intake import take
+from runtime.engine.intake import Intake
 from runtime.executor.parent_watch import die_with_parent
 from runtime.process.core_messages import Dead, Ready, Refused, Shutdown, Step, ToCore
 from runtime.process.precompile import compile_missing
@@ -36,13 +38,15 @@ class EngineCore:
     def __init__(self, engine: Engine, inbox: zmq.Socket, outbox: zmq.Socket):
         self.engine, self.inbox, self.outbox = engine, inbox, outbox
         self.encoder, self.decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(ToCore)
+        limits = engine.admission.limits
+        self.intake = Intake(engine, limits.max_num_seqs, limits.max_num_batched_tokens)
         self.refused: list[Refused] = []
 
     def run(self) -> None:
         """Steps while there is work; waits for messages when there is none. Returns on
         Shutdown; raises what a step raised."""
         while True:
-            taken = self._take(block=not self.engine.has_unfinished())
+            taken = self._take(block=not (self.engine.has_unfinished() or self.intake.pending))
             if taken is None:
                 return
             message = self.step(taken)
@@ -50,11 +54,13 @@ class EngineCore:
                 self.outbox.send(message, copy=False)
 
     def step(self, taken: int = 0) -> bytes | None:
-        """One engine step (if there is work) as the Step message to send: its deltas,
-        the refusals since the last one, the metrics; None when there is nothing to say
-        (no delta, and no message `taken` since the last step)."""
+        """One engine step (if there is work; the intake's next requests added first) as
+        the Step message to send: its deltas, the refusals since the last one, the
+        metrics; None when there is nothing to say (no delta, no refusal, and no message
+        `taken` since the last step)."""
+        self.refused += self.intake.admit()
         deltas = self.engine.step_deltas() if self.engine.has_unfinished() else []
-        if not (deltas or taken):        # an abort alone changes the metrics too
+        if not (deltas or taken or self.refused):   # an abort alone changes the metrics too
             return None
         message = self.encoder.encode(Step(deltas, self.refused, self.engine.snapshot()))
         self.refused = []
@@ -71,9 +77,7 @@ class EngineCore:
             taken += 1
             if isinstance(message, Shutdown):
                 return None
-            refused = take(self.engine, message)
-            if refused is not None:
-                self.refused.append(refused)
+            self.intake.put(message)
         return taken
 
 

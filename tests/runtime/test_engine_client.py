@@ -51,8 +51,9 @@ def _is_method(cls: type, name: str) -> bool:
 
 
 def test_the_protocol_names_what_the_server_uses():
-    assert {"generate", "abort", "start", "shutdown", "ready", "healthy", "num_in_flight",
-            "summary", "snapshot", "tokenizer", "admission", "kind", "pid"} == MEMBERS
+    assert {"generate", "stream", "abort", "start", "shutdown", "ready", "healthy",
+            "num_in_flight", "summary", "snapshot", "tokenizer", "admission", "kind",
+            "pid"} == MEMBERS
 
 
 @pytest.mark.parametrize("cls", [AsyncEngine, CoreClient], ids=lambda c: c.__name__)

@@ -1,15 +1,10 @@
 """The OutputProcessor (Deltas of token ids -> RequestOutputs, the one home of text and
-stop strings for the in-process engine and the core client) and the intake both take
-requests through (a refusal sorted by whose fault it is)."""
+stop strings for the in-process engine and the core client); the intake's tests are
+tests/runtime/test_intake.py."""
 from __future__ import annotations
 
 import statistics
 
-import pytest
-
-from runtime.core.sampling_params import InvalidParam, SamplingParams
-from runtime.engine.client import RequestFailedError
-from runtime.engine.intake import Abort, Add, Refused, take
 from runtime.engine.output_processor import Delta, OutputProcessor
 from runtime.text.growing_text import CHUNK
 from runtime.text.tokenizer import Tokenizer
@@ -89,40 +84,6 @@ def test_an_engine_error_and_a_text_fault_end_only_their_request(monkeypatch):
     assert failed.error == "RuntimeError: sampling" and failed.output_ids == IDS[:2]
     assert failed.num_cached_tokens == 3
     assert processor.process([Delta(r, [5], False) for r in ("ok", "bad", "core")]) == []
-
-
-class _Engine:
-    def __init__(self, raises: Exception | None = None):
-        self.raises, self.added, self.aborted = raises, [], []
-
-    def add_request(self, prompt, params, request_id):
-        if self.raises is not None:
-            raise self.raises
-        self.added.append(request_id)
-
-    def abort(self, request_id):
-        self.aborted.append(request_id)
-
-
-@pytest.mark.parametrize(("raised", "expected", "param"), [
-    (InvalidParam("max_tokens", "too many"), InvalidParam, "max_tokens"),
-    (ValueError("never fits"), ValueError, None),
-    (KeyError("bug"), RequestFailedError, None)])
-def test_a_refusal_is_sorted_by_whose_fault_it_is(raised, expected, param):
-    refused = take(_Engine(raised), Add("r", [1, 2], SamplingParams()))
-    assert isinstance(refused, Refused) and refused.client_error == (expected is not
-                                                                      RequestFailedError)
-    error = refused.error()
-    assert type(error) is expected and getattr(error, "param", None) == param
-    assert "request r failed: KeyError" in str(error) if expected is RequestFailedError \
-        else str(error) == str(raised)
-
-
-def test_intake_adds_and_aborts_in_order():
-    engine = _Engine()
-    assert take(engine, Add("r", "a prompt", SamplingParams())) is None
-    assert take(engine, Abort(["r", "s"])) is None
-    assert engine.added == ["r"] and engine.aborted == ["r", "s"]
 
 
 # -- the work per step does not grow with the output --------------------------------------
