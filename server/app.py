@@ -21,6 +21,7 @@ from starlette.routing import Route
 
 from runtime.core.sampling_params import SEED_MIN, InvalidParam, SamplingParams
 from runtime.engine.client import EngineClient, EngineDeadError, RequestFailedError
+from runtime.engine.intake import Add, Choice
 from runtime.engine.output_processor import RequestOutput
 from runtime.text.grammar import GrammarError, Vocabulary
 from server import chat
@@ -28,6 +29,7 @@ from server.body import parse_json
 from server.cache_salt import CacheSalts
 from server.chat import ChatOptions
 from server.chat_output import ChatOutput
+from server.logprobs import ChatLogprobs, CompletionLogprobs, TokenText, dumps
 from server.metrics import Metrics
 from server.protocol import (
     APIError,
@@ -60,6 +62,9 @@ class ServerState:
     max_body_bytes: int = 8 << 20
     max_n: int | None = None          # most choices (n, best_of) per prompt; None: max_num_seqs
     max_prompts: int = 256            # most prompts of one completion request
+    # most engine requests one body may start (prompts x n, prompts x best_of): vLLM's
+    # VLLM_MAX_N_SEQUENCES, the most sequences one of its requests may ask for
+    max_sequences: int = 16384
     prep_threads: int = 4             # threads that parse, tokenize, render and compile
     compile_process: object = None    # the background compile of missing graphs, if any
     draining: bool = False
@@ -71,6 +76,7 @@ class ServerState:
     metrics: Metrics = field(init=False)
     ids: itertools.count = field(default_factory=itertools.count)
     _vocabulary: Vocabulary | None = field(default=None, init=False)
+    _token_text: TokenText | None = field(default=None, init=False)
     _prep: ThreadPoolExecutor | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -96,6 +102,13 @@ class ServerState:
     @property
     def tokenizer(self):
         return self.engine.tokenizer
+
+    @property
+    def token_text(self) -> TokenText:
+        """Each token's text as log-probs show it, decoded once per id."""
+        if self._token_text is None:
+            self._token_text = TokenText(self.tokenizer)
+        return self._token_text
 
     @property
     def max_model_len(self) -> int:
@@ -232,13 +245,24 @@ def _prompt_ids(state: ServerState, prompt: str | list[int], param: str = "promp
     return prompt
 
 
-def _check_text_size(state: ServerState, text: str, param: str) -> None:
-    """A 400 for text too long to be a prompt here, found without encoding all of it
+def _check_text_size(state: ServerState, text: str, param: str,
+                     limit: int | None = None) -> None:
+    """A 400 for text too long to be a prompt here (more than `limit` tokens, by default
+    max_model_len - 1: room for one), found without encoding all of it
     (Tokenizer.exceeds): refusing an 8 MiB prompt costs what max_model_len tokens do."""
-    if state.tokenizer.exceeds(text, state.max_model_len - 1):
+    if state.tokenizer.exceeds(text, state.max_model_len - 1 if limit is None else limit):
         raise bad_request(f"This model's maximum context length is {state.max_model_len} "
                           f"tokens. However, your prompt has more ({len(text)} characters).",
                           param)
+
+
+def _check_fan_out(state: ServerState, prompts: int, choices: int, param: str) -> None:
+    """A 400 naming `param` (n or best_of) for a body that would start more engine
+    requests than --max-sequences-per-request."""
+    if prompts * choices > state.max_sequences:
+        raise bad_request(f"{param}: {prompts} prompt(s) x {choices} choices = "
+                          f"{prompts * choices} sequences; a request may start at most "
+                          f"{state.max_sequences}", param)
 
 
 def _max_tokens(state: ServerState, requested: int | None, prompt_len: int, param: str) -> int:
@@ -287,82 +311,50 @@ def _validate(state: ServerState, req, prompts: list[list[int]],
 
 @dataclass
 class Job:
-    """One choice: prompt ids and sampling params, streamed by the engine."""
+    """One choice: its prompt (an index into the body's prompts) and sampling params."""
 
     index: int
-    prompt_ids: list[int]
+    prompt: int
     params: SamplingParams
 
 
-async def _run(state: ServerState, base_id: str,
+async def _run(state: ServerState, base_id: str, prompts: list[list[int]],
                jobs: list[Job]) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """Outputs of every job as they come; stopping early aborts what is unfinished."""
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(job: Job) -> None:
-        start = last = time.perf_counter()
-        try:
-            async for out in state.engine.generate(job.prompt_ids, job.params,
-                                                   f"{base_id}-{job.index}"):
-                now = time.perf_counter()
+    """Outputs of every job as they come: the body goes to the engine as one (each
+    prompt once; its requests one group, which admission takes turns with), and comes
+    back as one bounded stream (a request's news merged while it is not read: this
+    generator not pulled is a paused client). Stopping early aborts what is
+    unfinished."""
+    index = {f"{base_id}-{job.index}": job.index for job in jobs}
+    body = Add(prompts, [Choice(request_id, job.prompt, job.params)
+                         for request_id, job in zip(index, jobs)], base_id)
+    start = time.perf_counter()
+    last: dict[int, float] = {}
+    metrics = state.metrics
+    async with aclosing(state.engine.stream(body)) as batches:
+        async for batch in batches:
+            now = time.perf_counter()
+            for out in batch:
+                i = index[out.request_id]
                 if out.new_ids:
-                    if last == start:
-                        state.metrics.observe_first(now - start)
+                    if i in last:
+                        metrics.observe_gap((now - last[i]) / len(out.new_ids))
                     else:
-                        state.metrics.observe_gap((now - last) / len(out.new_ids))
-                    last = now
-                await queue.put((job.index, out))
-            state.metrics.observe_end(time.perf_counter() - start)
-            await queue.put((job.index, None))
-        except Exception as exc:  # noqa: BLE001 - handed to the consumer
-            await queue.put((job.index, exc))
-
-    tasks = [asyncio.create_task(pump(job)) for job in jobs]
-    try:
-        remaining = len(jobs)
-        while remaining:
-            index, item = await queue.get()
-            if isinstance(item, Exception):
-                raise item
-            if item is None:
-                remaining -= 1
-            else:
-                yield index, item
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _collect(state: ServerState, request: Request, base_id: str,
-                   jobs: list[Job]) -> dict[int, list[RequestOutput]]:
-    """Run to the end, aborting everything if the client goes away first."""
-    outputs: dict[int, list[RequestOutput]] = {job.index: [] for job in jobs}
-
-    async def consume() -> None:
-        async with aclosing(_run(state, base_id, jobs)) as outs:
-            async for index, out in outs:
-                outputs[index].append(out)
-
-    task = asyncio.create_task(consume())
-    while not task.done():
-        done, _ = await asyncio.wait({task}, timeout=0.2)
-        if not done and await request.is_disconnected():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            raise APIError(499, "the client disconnected", "ClientClosedRequest")
-    task.result()
-    return outputs
+                        metrics.observe_first(now - start)
+                    last[i] = now
+                if out.finished:
+                    metrics.observe_end(now - start)
+                yield i, out
 
 
 def _jobs(prompts: list[list[int]], params: SamplingParams, n: int) -> list[Job]:
     """n choices per prompt; with a seed, choice j samples with seed + j."""
     jobs = []
-    for p, ids in enumerate(prompts):
+    for p in range(len(prompts)):
         for j in range(n):
             choice = params if j == 0 or params.seed is None else \
                 replace(params, seed=_wrap_seed(params.seed + j))
-            jobs.append(Job(p * n + j, ids, choice))
+            jobs.append(Job(p * n + j, p, choice))
     return jobs
 
 
@@ -396,6 +388,7 @@ async def completions(state: ServerState, request: Request) -> Response:
     if len(given) > state.max_prompts:
         raise bad_request(f"a request may carry at most {state.max_prompts} prompts, got "
                           f"{len(given)}", "prompt")
+    _check_fan_out(state, len(given), candidates, "n" if req.best_of is None else "best_of")
     batched = isinstance(req.prompt, list) and not isinstance(req.prompt[0], int)
     prompts = await state.offload(lambda: [
         _prompt_ids(state, p, f"prompt[{i}]" if batched else "prompt")
@@ -415,47 +408,54 @@ async def completions(state: ServerState, request: Request) -> Response:
         echo = await state.offload(lambda: [state.tokenizer.decode(p) for p in prompts])
     meta = {"id": base, "created": int(time.time()), "model": state.model_name}
     if req.stream:
-        n, tok = req.n, state.tokenizer
+        n, text = req.n, state.token_text
         opening = [completion_chunk(meta, job.index, echo[job.index // n], None, None, None)
                    for job in jobs if echo[job.index // n]]
 
         def chunk(index, out, choice):
-            return completion_chunk(meta, index, out.new_text, choice.logprobs_delta(out, tok),
+            return completion_chunk(meta, index, out.new_text, choice.logprobs_delta(out, text),
                                     out.finish_reason, out.stop_reason)
 
-        return StreamingResponse(_stream(state, base, jobs, meta, n, _include_usage(req),
-                                         "text_completion", opening, chunk),
-                                 media_type="text/event-stream")
-    states = await _finished(state, request, base, jobs)
+        return StreamingResponse(_stream(state, base, prompts, jobs, meta, n,
+                                         _include_usage(req), "text_completion", opening,
+                                         chunk), media_type="text/event-stream")
+    shown = None if req.logprobs is None else CompletionLogprobs
+    states = await _finished(state, request, base, prompts, jobs, logprobs=shown)
     if ranked:
-        states = _best(states, req.n, candidates, keep_logprobs=req.logprobs is not None)
-    return JSONResponse(completion_response(meta, states, echo, req.n, state.tokenizer))
+        states = _best(states, req.n, candidates)
+    return await _json(state, completion_response, meta, states, echo, req.n)
 
 
-def _best(states: list[ChoiceState], n: int, candidates: int,
-          keep_logprobs: bool) -> list[ChoiceState]:
+async def _json(state: ServerState, write: Callable, *args) -> Response:
+    """A JSON response whose body write(*args) makes on a preparation thread (a large
+    one is megabytes: the event loop only sends it)."""
+    return Response(await state.offload(write, *args), media_type="application/json")
+
+
+def _best(states: list[ChoiceState], n: int, candidates: int) -> list[ChoiceState]:
     """Per prompt, the n candidates with the highest total log-prob (earlier first on a
-    tie), renumbered as that prompt's choices 0..n-1."""
+    tie), renumbered as that prompt's choices 0..n-1 (their log-probs shown if asked)."""
     best = []
     for first in range(0, len(states), candidates):
         group = states[first:first + candidates]
-        group = sorted(group, key=lambda st: -sum(lp.logprob for lp in st.logprobs))[:n]
+        group = sorted(group, key=lambda st: -st.cumulative_logprob)[:n]
         for rank, st in enumerate(group):
-            best.append(replace(st, index=first // candidates * n + rank,
-                                logprobs=st.logprobs if keep_logprobs else []))
+            best.append(replace(st, index=first // candidates * n + rank))
     return best
 
 
-async def _stream(state: ServerState, base: str, jobs: list[Job], meta: dict, n: int,
-                  include_usage: bool, kind: str, opening: list[dict], chunk, reader=None):
+async def _stream(state: ServerState, base: str, prompts: list[list[int]], jobs: list[Job],
+                  meta: dict, n: int, include_usage: bool, kind: str, opening: list[dict],
+                  chunk, reader=None):
     """SSE for every choice: the opening chunks, one chunk(index, output, choice) per
     output that carries news, the usage chunk when asked, then [DONE]. `reader`: makes
-    each chat choice's ChatOutput."""
-    states = {job.index: _choice(job, reader) for job in jobs}
+    each chat choice's ChatOutput. A client that does not read parks this generator at
+    a write; its outputs wait merged (runtime/engine/output_stream.py)."""
+    states = {job.index: _choice(job, prompts, reader) for job in jobs}
     try:
         for payload in opening:
             yield _sse(payload)
-        async with aclosing(_run(state, base, jobs)) as outs:   # a raise aborts the rest
+        async with aclosing(_run(state, base, prompts, jobs)) as outs:   # a raise aborts
             async for index, out in outs:
                 states[index].add(out)
                 if out.new_text or out.finished or out.new_ids:
@@ -474,17 +474,34 @@ async def _stream(state: ServerState, base: str, jobs: list[Job], meta: dict, n:
     yield _sse("[DONE]")
 
 
-def _choice(job: Job, reader) -> ChoiceState:
-    return ChoiceState(job.index, len(job.prompt_ids), reader=reader() if reader else None)
+def _choice(job: Job, prompts: list[list[int]], reader=None,
+            logprobs: Callable | None = None, text: TokenText | None = None) -> ChoiceState:
+    return ChoiceState(job.index, len(prompts[job.prompt]),
+                       reader=reader() if reader else None,
+                       logprobs=logprobs(text) if logprobs else None)
 
 
-async def _finished(state: ServerState, request: Request, base: str, jobs: list[Job],
-                    reader=None) -> list[ChoiceState]:
-    outputs = await _collect(state, request, base, jobs)
-    states = [_choice(job, reader) for job in jobs]
-    for st in states:
-        for out in outputs[st.index]:
-            st.add(out)
+async def _finished(state: ServerState, request: Request, base: str,
+                    prompts: list[list[int]], jobs: list[Job], reader=None,
+                    logprobs: Callable | None = None) -> list[ChoiceState]:
+    """Every choice run to the end, each output added as it comes (O(its news), its
+    log-probs encoded then: `logprobs` makes a choice's accumulator); everything is
+    aborted if the client goes away first."""
+    states = [_choice(job, prompts, reader, logprobs, state.token_text) for job in jobs]
+
+    async def consume() -> None:
+        async with aclosing(_run(state, base, prompts, jobs)) as outs:
+            async for index, out in outs:
+                states[index].add(out)
+
+    task = asyncio.create_task(consume())
+    while not task.done():
+        done, _ = await asyncio.wait({task}, timeout=0.2)
+        if not done and await request.is_disconnected():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise APIError(499, "the client disconnected", "ClientClosedRequest")
+    task.result()
     return states
 
 
@@ -493,6 +510,7 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
     req.cache_salt = state.cache_salts.of(req.cache_salt, request.headers.get("authorization"))
     req.check()
     req.check_common(state.choice_limit)
+    _check_fan_out(state, 1, req.n, "n")
     _check_model(state, req.model)
     if state.tokenizer is None:
         raise bad_request("this checkpoint has no tokenizer, so chat is unavailable")
@@ -521,20 +539,21 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
     jobs = _jobs([ids], params, req.n)
     meta = {"id": base, "created": int(time.time()), "model": state.model_name}
     if req.stream:
-        tok = state.tokenizer
+        text = state.token_text
         opening = [chat_chunk(meta, job.index, {"role": "assistant", "content": ""}, None,
                               None, None) for job in jobs]
 
         def chunk(index, out, choice):
             finish = choice.reader.finish_reason(out.finish_reason)
-            return chat_chunk(meta, index, choice.delta, choice.chat_logprobs_delta(out, tok),
+            return chat_chunk(meta, index, choice.delta, choice.chat_logprobs_delta(out, text),
                               finish, out.stop_reason)
 
-        return StreamingResponse(_stream(state, base, jobs, meta, req.n, _include_usage(req),
-                                         "chat.completion.chunk", opening, chunk, reader),
-                                 media_type="text/event-stream")
-    states = await _finished(state, request, base, jobs, reader)
-    return JSONResponse(chat_response(meta, states, req.n, state.tokenizer))
+        return StreamingResponse(_stream(state, base, [ids], jobs, meta, req.n,
+                                         _include_usage(req), "chat.completion.chunk", opening,
+                                         chunk, reader), media_type="text/event-stream")
+    states = await _finished(state, request, base, [ids], jobs, reader,
+                             ChatLogprobs if req.logprobs else None)
+    return await _json(state, chat_response, meta, states, req.n)
 
 
 def _constraint_field(req: ChatCompletionRequest, plan: chat.ChatPlan) -> str:
@@ -557,21 +576,38 @@ async def tokenize(state: ServerState, request: Request) -> Response:
     _check_model(state, req.model)
     if state.tokenizer is None:
         raise bad_request("this checkpoint has no tokenizer")
-    ids = await state.offload(_tokenized, state, req)
-    return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len})
+    return await _json(state, _tokenized, state, req)
 
 
-def _tokenized(state: ServerState, req: TokenizeRequest) -> list[int]:
-    """/tokenize's ids: the prompt's, or the chat prompt of the messages (and tools)."""
+def _tokenized(state: ServerState, req: TokenizeRequest) -> bytes:
+    """/tokenize's body: the ids of the prompt, or of the chat prompt of the messages
+    (and tools). A prompt of more than max_model_len tokens is a 400 found without
+    encoding it whole, as on the completions routes."""
+    limit = state.max_model_len
     if req.messages is not None:
         tools = [t.function.model_dump(exclude_none=True) for t in req.tools or []]
         kwargs = chat.template_kwargs(req, state.chat_options)
-        return chat.render(state.tokenizer, [m.as_dict() for m in req.messages],
-                           thinking=chat.thinking_of(req, kwargs), effort=chat.effort_of(req),
-                           tools=tools, extra=kwargs)
-    if req.prompt is not None:
-        return state.tokenizer.encode(req.prompt)
-    raise bad_request("give prompt or messages", "prompt")
+        ids = chat.render(state.tokenizer, [m.as_dict() for m in req.messages],
+                          thinking=chat.thinking_of(req, kwargs), effort=chat.effort_of(req),
+                          tools=tools, extra=kwargs, limit=limit)
+    elif req.prompt is not None:
+        _check_text_size(state, req.prompt, "prompt", limit)
+        ids = state.tokenizer.encode(req.prompt)
+    else:
+        raise bad_request("give prompt or messages", "prompt")
+    if len(ids) > limit:          # past what Tokenizer.exceeds could tell without encoding
+        raise bad_request(f"This model's maximum context length is {limit} tokens. "
+                          f"However, the prompt has {len(ids)} tokens.",
+                          "prompt" if req.messages is None else "messages")
+    return (f'{{"tokens":{_ids_json(ids)},"count":{len(ids)},'
+            f'"max_model_len":{state.max_model_len}}}').encode()
+
+
+def _ids_json(ids: list[int], piece: int = 8192) -> str:
+    """A JSON array of token ids, encoded a piece at a time (a preparation thread lets
+    the event loop run between two pieces)."""
+    return "[" + ",".join(dumps(ids[at:at + piece])[1:-1]
+                          for at in range(0, len(ids), piece)) + "]"
 
 
 async def detokenize(state: ServerState, request: Request) -> Response:
@@ -579,9 +615,8 @@ async def detokenize(state: ServerState, request: Request) -> Response:
     _check_model(state, req.model)
     if state.tokenizer is None:
         raise bad_request("this checkpoint has no tokenizer")
-    text = await state.offload(lambda: state.tokenizer.decode(
-        _prompt_ids(state, req.tokens, "tokens")))
-    return JSONResponse({"prompt": text})
+    return await _json(state, lambda: dumps({"prompt": state.tokenizer.decode(
+        _prompt_ids(state, req.tokens, "tokens"))}).encode())
 
 
 def _metrics(state: ServerState, request: Request) -> Response:

@@ -66,6 +66,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-n", type=positive_int, default=None,
                         help="most choices per prompt a request may ask for (n, best_of) "
                              "(default: --max-num-seqs)")
+    parser.add_argument("--max-sequences-per-request", type=positive_int, default=16384,
+                        help="most engine requests one request may start: prompts x n "
+                             "(or x best_of); above it a 400 (default: 16384, vLLM's "
+                             "VLLM_MAX_N_SEQUENCES)")
     parser.add_argument("--drain-timeout", type=float, default=60.0,
                         help="seconds SIGTERM waits for requests in flight (default: 60)")
     parser.add_argument("--reasoning-parser", choices=PARSERS, default=None,
@@ -158,6 +162,7 @@ def make_server(args: argparse.Namespace):
     state = ServerState(engine, spec, args.served_model_name or spec.SPEC_NAME,
                         api_key=keys or None, max_body_bytes=args.max_body_bytes,
                         max_n=args.max_n, max_prompts=args.max_prompts_per_request,
+                        max_sequences=args.max_sequences_per_request,
                         compile_process=compiling, chat_options=options,
                         cache_salts=salts, metrics_require_api_key=args.metrics_require_api_key)
     config = uvicorn.Config(build_app(state), host=args.host, port=args.port,
