@@ -375,12 +375,15 @@ def calls_of(raw: bytes, streamed: bool) -> list[list[tuple[str, str, int]]]:
 
 
 def call_note(raw: bytes, streamed: bool, n: int) -> tuple[bool, str]:
+    """Every choice calls write (once or more: parallel calls are on), and only write."""
     calls = calls_of(raw, streamed)
-    named = sum(1 for cs in calls if [c[0] for c in cs] == ["write"])
+    named = sum(1 for cs in calls if cs and all(c[0] == "write" for c in cs))
+    count = [len(cs) for cs in calls]
     chars = [len(c[1]) for cs in calls for c in cs]
     pieces = [c[2] for cs in calls for c in cs]
-    return named == n, f"{named}/{n} choices call write, arguments {min(chars, default=0)}" \
-        f"-{max(chars, default=0)} chars in {min(pieces, default=0)}-" \
+    return named == n, f"{named}/{n} choices call write only ({min(count, default=0)}-" \
+        f"{max(count, default=0)} calls), arguments {min(chars, default=0)}-" \
+        f"{max(chars, default=0)} chars in {min(pieces, default=0)}-" \
         f"{max(pieces, default=0)} pieces"
 
 
