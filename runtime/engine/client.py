@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from runtime.core.sampling_params import SamplingParams
-    from runtime.engine.intake import Add
     from runtime.engine.output_processor import RequestOutput
     from runtime.engine.output_stream import OutputStream
     from runtime.planning.admission import Admission
@@ -89,8 +88,9 @@ class EngineClient(Protocol):
         """Stream one request's outputs (a body of one: see `stream`)."""
         ...
 
-    def stream(self, body: Add) -> AsyncIterator[list[RequestOutput]]:
-        """Stream a body's outputs, a batch at a time: each request's news since the
+    def stream(self, body: object) -> AsyncIterator[list[RequestOutput]]:
+        """Stream a body's outputs (`body`: an intake.Add, untyped here: intake imports
+        this module), a batch at a time: each request's news since the
         last batch as one output (see the module docstring for what it raises)."""
         ...
 
