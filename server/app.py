@@ -309,25 +309,14 @@ def _validate(state: ServerState, req, prompts: list[list[int]],
 # -- generation ------------------------------------------------------------------------
 
 
-@dataclass
-class Job:
-    """One choice: its prompt (an index into the body's prompts) and sampling params."""
-
-    index: int
-    prompt: int
-    params: SamplingParams
-
-
-async def _run(state: ServerState, base_id: str, prompts: list[list[int]],
-               jobs: list[Job]) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """Outputs of every job as they come: the body goes to the engine as one (each
-    prompt once; its requests one group, which admission takes turns with), and comes
-    back as one bounded stream (a request's news merged while it is not read: this
-    generator not pulled is a paused client). Stopping early aborts what is
-    unfinished."""
-    index = {f"{base_id}-{job.index}": job.index for job in jobs}
-    body = Add(prompts, [Choice(request_id, job.prompt, job.params)
-                         for request_id, job in zip(index, jobs)], base_id)
+async def _run(state: ServerState,
+               body: Add) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Outputs of every choice of the body (by its index) as they come: the body goes to
+    the engine as one (its prompts and params once; its requests one group, which
+    admission takes turns with), and comes back as one bounded stream (a request's news
+    merged while it is not read: this generator not pulled is a paused client).
+    Stopping early aborts what is unfinished."""
+    index = {choice.request_id: i for i, choice in enumerate(body.choices)}
     start = time.perf_counter()
     last: dict[int, float] = {}
     metrics = state.metrics
@@ -347,15 +336,13 @@ async def _run(state: ServerState, base_id: str, prompts: list[list[int]],
                 yield i, out
 
 
-def _jobs(prompts: list[list[int]], params: SamplingParams, n: int) -> list[Job]:
-    """n choices per prompt; with a seed, choice j samples with seed + j."""
-    jobs = []
-    for p in range(len(prompts)):
-        for j in range(n):
-            choice = params if j == 0 or params.seed is None else \
-                replace(params, seed=_wrap_seed(params.seed + j))
-            jobs.append(Job(p * n + j, p, choice))
-    return jobs
+def _fan_out(base: str, prompts: list[list[int]], params: SamplingParams, n: int) -> Add:
+    """The body's engine requests: n choices per prompt, choice i (prompt i // n) the
+    request f"{base}-{i}"; with a seed, choice j of a prompt samples with seed + j."""
+    seeds = [None] * n if params.seed is None else \
+        [_wrap_seed(params.seed + j) for j in range(n)]
+    return Add(prompts, params, [Choice(f"{base}-{p * n + j}", p, seeds[j])
+                                 for p in range(len(prompts)) for j in range(n)], base)
 
 
 def _wrap_seed(seed: int) -> int:
@@ -402,25 +389,25 @@ async def completions(state: ServerState, request: Request) -> Response:
     await _check_structured(state, params, req.structured_source())
     await state.offload(_validate, state, req, prompts, params)
     base = f"cmpl-{next(state.ids)}-{int(time.time() * 1000)}"
-    jobs = _jobs(prompts, params, candidates)
+    body = _fan_out(base, prompts, params, candidates)
     echo = [""] * len(prompts)
     if req.echo and state.tokenizer:
         echo = await state.offload(lambda: [state.tokenizer.decode(p) for p in prompts])
     meta = {"id": base, "created": int(time.time()), "model": state.model_name}
     if req.stream:
         n, text = req.n, state.token_text
-        opening = [completion_chunk(meta, job.index, echo[job.index // n], None, None, None)
-                   for job in jobs if echo[job.index // n]]
+        opening = [completion_chunk(meta, i, echo[i // n], None, None, None)
+                   for i in range(len(body.choices)) if echo[i // n]]
 
         def chunk(index, out, choice):
             return completion_chunk(meta, index, out.new_text, choice.logprobs_delta(out, text),
                                     out.finish_reason, out.stop_reason)
 
-        return StreamingResponse(_stream(state, base, prompts, jobs, meta, n,
-                                         _include_usage(req), "text_completion", opening,
-                                         chunk), media_type="text/event-stream")
+        return StreamingResponse(_stream(state, body, meta, n, _include_usage(req),
+                                         "text_completion", opening, chunk),
+                                 media_type="text/event-stream")
     shown = None if req.logprobs is None else CompletionLogprobs
-    states = await _finished(state, request, base, prompts, jobs, logprobs=shown)
+    states = await _finished(state, request, body, logprobs=shown)
     if ranked:
         states = _best(states, req.n, candidates)
     return await _json(state, completion_response, meta, states, echo, req.n)
@@ -444,53 +431,53 @@ def _best(states: list[ChoiceState], n: int, candidates: int) -> list[ChoiceStat
     return best
 
 
-async def _stream(state: ServerState, base: str, prompts: list[list[int]], jobs: list[Job],
-                  meta: dict, n: int, include_usage: bool, kind: str, opening: list[dict],
-                  chunk, reader=None):
+async def _stream(state: ServerState, body: Add, meta: dict, n: int, include_usage: bool,
+                  kind: str, opening: list[dict], chunk, reader=None):
     """SSE for every choice: the opening chunks, one chunk(index, output, choice) per
     output that carries news, the usage chunk when asked, then [DONE]. `reader`: makes
     each chat choice's ChatOutput. A client that does not read parks this generator at
     a write; its outputs wait merged (runtime/engine/output_stream.py)."""
-    states = {job.index: _choice(job, prompts, reader) for job in jobs}
+    states = _choices(body, reader)
     try:
         for payload in opening:
             yield _sse(payload)
-        async with aclosing(_run(state, base, prompts, jobs)) as outs:   # a raise aborts
+        async with aclosing(_run(state, body)) as outs:   # a raise aborts the rest
             async for index, out in outs:
                 states[index].add(out)
                 if out.new_text or out.finished or out.new_ids:
                     yield _sse(chunk(index, out, states[index]))
         if include_usage:
-            yield _sse({**meta, "object": kind, "choices": [],
-                        "usage": usage(list(states.values()), n)})
+            yield _sse({**meta, "object": kind, "choices": [], "usage": usage(states, n)})
     except EngineDeadError as exc:
         yield _sse(APIError(503, str(exc), "ServiceUnavailableError").body())
     except RequestFailedError as exc:
         yield _sse(_failed(exc).body())
     except Exception as exc:  # noqa: BLE001 - end this stream in shape, serve the rest
-        log.exception("stream %s failed", base)
+        log.exception("stream %s failed", body.group)
         yield _sse(APIError(500, f"internal error: {type(exc).__name__}",
                             "InternalServerError").body())
     yield _sse("[DONE]")
 
 
-def _choice(job: Job, prompts: list[list[int]], reader=None,
-            logprobs: Callable | None = None, text: TokenText | None = None) -> ChoiceState:
-    return ChoiceState(job.index, len(prompts[job.prompt]),
-                       reader=reader() if reader else None,
-                       logprobs=logprobs(text) if logprobs else None)
+def _choices(body: Add, reader=None, logprobs: Callable | None = None,
+             text: TokenText | None = None) -> list[ChoiceState]:
+    """A ChoiceState per choice of the body, in index order. `reader` makes a chat
+    choice's ChatOutput; `logprobs` its log-prob accumulator (over `text`)."""
+    return [ChoiceState(i, len(body.prompts[choice.prompt]),
+                        reader=reader() if reader else None,
+                        logprobs=logprobs(text) if logprobs else None)
+            for i, choice in enumerate(body.choices)]
 
 
-async def _finished(state: ServerState, request: Request, base: str,
-                    prompts: list[list[int]], jobs: list[Job], reader=None,
+async def _finished(state: ServerState, request: Request, body: Add, reader=None,
                     logprobs: Callable | None = None) -> list[ChoiceState]:
     """Every choice run to the end, each output added as it comes (O(its news), its
     log-probs encoded then: `logprobs` makes a choice's accumulator); everything is
     aborted if the client goes away first."""
-    states = [_choice(job, prompts, reader, logprobs, state.token_text) for job in jobs]
+    states = _choices(body, reader, logprobs, state.token_text)
 
     async def consume() -> None:
-        async with aclosing(_run(state, base, prompts, jobs)) as outs:
+        async with aclosing(_run(state, body)) as outs:
             async for index, out in outs:
                 states[index].add(out)
 
@@ -536,22 +523,22 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
         return ChatOutput(plan, state.chat_options)
 
     base = f"chatcmpl-{next(state.ids)}-{int(time.time() * 1000)}"
-    jobs = _jobs([ids], params, req.n)
+    body = _fan_out(base, [ids], params, req.n)
     meta = {"id": base, "created": int(time.time()), "model": state.model_name}
     if req.stream:
         text = state.token_text
-        opening = [chat_chunk(meta, job.index, {"role": "assistant", "content": ""}, None,
-                              None, None) for job in jobs]
+        opening = [chat_chunk(meta, i, {"role": "assistant", "content": ""}, None, None, None)
+                   for i in range(req.n)]
 
         def chunk(index, out, choice):
             finish = choice.reader.finish_reason(out.finish_reason)
             return chat_chunk(meta, index, choice.delta, choice.chat_logprobs_delta(out, text),
                               finish, out.stop_reason)
 
-        return StreamingResponse(_stream(state, base, [ids], jobs, meta, req.n,
-                                         _include_usage(req), "chat.completion.chunk", opening,
-                                         chunk, reader), media_type="text/event-stream")
-    states = await _finished(state, request, base, [ids], jobs, reader,
+        return StreamingResponse(_stream(state, body, meta, req.n, _include_usage(req),
+                                         "chat.completion.chunk", opening, chunk, reader),
+                                 media_type="text/event-stream")
+    states = await _finished(state, request, body, reader,
                              ChatLogprobs if req.logprobs else None)
     return await _json(state, chat_response, meta, states, req.n)
 

@@ -96,7 +96,7 @@ class AsyncEngine(EngineClient):
                        request_id: str, group: str | None = None
                        ) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs. ValueError if the engine refuses it."""
-        async for out in single(self.stream(Add([prompt], [Choice(request_id, 0, params)],
+        async for out in single(self.stream(Add([prompt], params, [Choice(request_id, 0)],
                                                 group))):
             yield out
 

@@ -3,8 +3,10 @@ applied the same way by the AsyncEngine's thread (queued from the event loop) an
 engine core process (pulled from its pipe).
 
 A body (one HTTP request: its prompts x n choices) arrives as one Add: each distinct
-prompt once, and a Choice per engine request naming its prompt by index, so a body of
-16k requests over one prompt carries (and the core decodes) the prompt once. The Intake
+prompt once, its sampling params once, and a Choice per engine request naming its
+prompt by index (and its seed, where choices differ only by it), so a body of 16k
+requests over one prompt carries (and the core decodes) the prompt and params once; a
+choice's own params are made when it is added. The Intake
 keeps a body's choices until the engine takes them, and between two steps adds at most
 `budget` requests, checking at most about `token_budget` prompt tokens (each prompt is
 checked once, Admission.check_prompt, when its first choice is added): however large
@@ -21,6 +23,7 @@ exception is that request's own failure (a 500). Neither touches another request
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -37,7 +40,7 @@ class Choice(msgspec.Struct, array_like=True):
 
     request_id: str
     prompt: int                   # the index of its prompt in the body's `prompts`
-    params: SamplingParams
+    seed: int | None = None       # its own seed (None: the body's params' seed)
 
 
 class Add(msgspec.Struct, tag=True):
@@ -45,8 +48,15 @@ class Add(msgspec.Struct, tag=True):
     turns between (None: each request a group of its own)."""
 
     prompts: list[str | list[int]]   # token ids; a string is encoded by the engine's tokenizer
+    params: SamplingParams           # every choice's, but for its seed
     choices: list[Choice]
     group: str | None = None
+
+    def params_of(self, choice: Choice) -> SamplingParams:
+        """The choice's sampling params (a copy with its seed, where it has its own)."""
+        if choice.seed is None or choice.seed == self.params.seed:
+            return self.params
+        return replace(self.params, seed=choice.seed)
 
 
 class Abort(msgspec.Struct, tag=True):
@@ -164,7 +174,7 @@ class Intake:
         if isinstance(ids, Exception):
             return refusal(choice.request_id, ids)
         try:
-            self.engine.add_request(ids, choice.params, choice.request_id,
+            self.engine.add_request(ids, body.add.params_of(choice), choice.request_id,
                                     group=body.add.group)
         except Exception as exc:  # noqa: BLE001 - this request's failure alone
             return refusal(choice.request_id, exc)

@@ -76,7 +76,11 @@ class _Tracked:
     """One request's output so far."""
 
     prompt_ids: list[int]
-    detok: Detokenizer | None                 # None: no tokenizer here, ids only
+    stop: tuple[str, ...]
+    # made at the request's first delta (a body of 16k requests costs its adder a dict
+    # entry each; their detokenizers come as their outputs do); None: not yet, or no
+    # tokenizer here (ids only)
+    detok: Detokenizer | None = None
     # append-only: the outputs made so far are views of its first ids
     output_ids: list[int] = field(default_factory=list)
 
@@ -92,8 +96,8 @@ class OutputProcessor:
         self._tracked: dict[str, _Tracked] = {}
 
     def add(self, request_id: str, prompt_ids: list[int], stop: tuple[str, ...] = ()) -> None:
-        detok = Detokenizer(self.tokenizer, stop) if self.tokenizer is not None else None
-        self._tracked[request_id] = _Tracked(prompt_ids, detok)
+        """Track a request (O(1): its prompt list is shared, not copied)."""
+        self._tracked[request_id] = _Tracked(prompt_ids, stop)
 
     def forget(self, request_id: str) -> None:
         """Stop tracking a request that ended elsewhere (aborted, refused)."""
@@ -113,15 +117,16 @@ class OutputProcessor:
             self.forget(out.request_id)
         return out
 
-    @staticmethod
-    def _text(tracked: _Tracked, delta: Delta) -> RequestOutput:
+    def _text(self, tracked: _Tracked, delta: Delta) -> RequestOutput:
         out = RequestOutput(delta.request_id, tracked.prompt_ids,
                             IdsSnapshot(tracked.output_ids), delta.new_ids, "",
                             delta.finished, delta.finish_reason,
                             delta.stop_reason, delta.logprobs,
                             num_cached_tokens=delta.num_cached_tokens)
-        if tracked.detok is not None:
+        if self.tokenizer is not None:
             try:
+                if tracked.detok is None:
+                    tracked.detok = Detokenizer(self.tokenizer, tracked.stop)
                 _release(tracked.detok, out)
             except Exception as exc:  # noqa: BLE001 - isolated to this request
                 _log_failure(delta.request_id, exc)

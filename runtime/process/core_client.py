@@ -149,7 +149,7 @@ class CoreClient(EngineClient):
     async def generate(self, prompt: list[int], params: SamplingParams, request_id: str,
                        group: str | None = None) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs, as AsyncEngine.generate does."""
-        async for out in single(self.stream(Add([prompt], [Choice(request_id, 0, params)],
+        async for out in single(self.stream(Add([prompt], params, [Choice(request_id, 0)],
                                                 group))):
             yield out
 
@@ -165,7 +165,7 @@ class CoreClient(EngineClient):
         for choice in body.choices:       # the prompt lists are shared, never copied
             self._streams[choice.request_id] = stream
             self._processor.add(choice.request_id, body.prompts[choice.prompt],
-                                choice.params.stop)
+                                body.params.stop)
         try:
             self._send(body)
         except BaseException:

@@ -15,6 +15,7 @@ exits when its parent does, whatever killed the parent.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import sys
@@ -102,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         engine = Engine.build(EngineConfig(**json.loads(args.config)), outputs=False)
         engine.warmup()
         compiling = compile_missing(engine)
+        gc.collect()              # the engine, its weights and modules leave the collector's
+        gc.freeze()               # scans: a body's 16k requests trigger full collections
         outbox.send(encoder.encode(Ready(engine.summary(), engine.snapshot())))
         EngineCore(engine, inbox, outbox).run()
         return 0

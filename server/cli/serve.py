@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gc
 import json
 import logging
 import os
@@ -168,6 +169,12 @@ def make_server(args: argparse.Namespace):
     config = uvicorn.Config(build_app(state), host=args.host, port=args.port,
                             log_level="info", timeout_graceful_shutdown=args.drain_timeout)
     server = DrainingServer(config, state, args.drain_timeout)
+    # what the process holds for its life (modules, the tokenizer, an in-process engine)
+    # leaves the collector's generations (as vLLM does): a full collection, which a
+    # body of 16k choices' objects triggers, then scans those objects alone, not the
+    # whole heap (40-60 ms a time before, on the event loop)
+    gc.collect()
+    gc.freeze()
     if args.engine_process:
         engine.on_dead = lambda error: _failed_start(server, engine, error)
     return server, state

@@ -132,6 +132,6 @@ def test_a_cache_salt_must_be_a_non_empty_string(salt):
 def test_the_salt_reaches_a_separate_engine_core(salt):
     """An Add as the core client encodes it and the core decodes it."""
     params = SamplingParams(temperature=0.5, max_tokens=3, cache_salt=salt)
-    wire = msgspec.msgpack.Encoder().encode(Add([[5, 6, 7]], [Choice("r1", 0, params)]))
-    got = msgspec.msgpack.Decoder(ToCore).decode(wire).choices[0]
+    wire = msgspec.msgpack.Encoder().encode(Add([[5, 6, 7]], params, [Choice("r1", 0)]))
+    got = msgspec.msgpack.Decoder(ToCore).decode(wire)
     assert got.params == params and got.params.cache_salt == salt

@@ -25,7 +25,7 @@ class _Engine:
     """Records adds (with their group) and aborts; counts the prompt tokens checked."""
 
     def __init__(self, raises: Exception | None = None):
-        self.raises, self.added, self.aborted = raises, [], []
+        self.raises, self.added, self.aborted, self.params = raises, [], [], []
         self.tokenizer = None
         self.admission = self
         self.checked = 0
@@ -38,14 +38,15 @@ class _Engine:
         if self.raises is not None:
             raise self.raises
         self.added.append((request_id, group, prompt))
+        self.params.append(params)
 
     def abort(self, request_id):
         self.aborted.append(request_id)
 
 
 def _body(name: str, prompts: list[list[int]], n: int) -> Add:
-    return Add(prompts, [Choice(f"{name}-{p * n + j}", p, PARAMS)
-                         for p in range(len(prompts)) for j in range(n)], name)
+    return Add(prompts, PARAMS, [Choice(f"{name}-{p * n + j}", p, j)
+                                 for p in range(len(prompts)) for j in range(n)], name)
 
 
 def _drain(intake: Intake) -> list[list[str]]:
@@ -68,6 +69,8 @@ def test_a_bodys_prompt_is_checked_once_whatever_its_choices():
     assert len(engine.added) == 600 and {g for _, g, _ in engine.added} == {"b"}
     assert all(ids is prompt for _, _, ids in engine.added[:300])   # shared, never copied
     assert max(map(len, steps)) == 64 and len(steps) == 10
+    assert [p.seed for p in engine.params[:3]] == [0, 1, 2]    # each choice its own seed
+    assert all(p.max_tokens == 4 for p in engine.params)
 
 
 def test_a_step_checks_a_bounded_number_of_prompt_tokens():
@@ -120,7 +123,7 @@ def test_a_bad_prompt_refuses_its_choices_and_not_the_others():
     (KeyError("bug"), RequestFailedError, None)])
 def test_a_refusal_is_sorted_by_whose_fault_it_is(raised, expected, param):
     intake = Intake(_Engine(raised), budget=4, token_budget=100)
-    intake.put(Add([[1, 2]], [Choice("r", 0, PARAMS)]))
+    intake.put(Add([[1, 2]], PARAMS, [Choice("r", 0)]))
     [refused] = intake.admit()
     assert isinstance(refused, Refused) and refused.client_error == (expected is not
                                                                       RequestFailedError)
@@ -132,7 +135,7 @@ def test_a_refusal_is_sorted_by_whose_fault_it_is(raised, expected, param):
 
 def test_a_text_prompt_needs_a_tokenizer():
     intake = Intake(_Engine(), budget=4, token_budget=100)
-    intake.put(Add(["a prompt"], [Choice("r", 0, PARAMS)]))
+    intake.put(Add(["a prompt"], PARAMS, [Choice("r", 0)]))
     [refused] = intake.admit()
     assert refused.client_error and "tokenizer" in refused.message
 
@@ -141,7 +144,7 @@ def test_a_body_crosses_to_a_core_with_its_prompt_once():
     prompt = list(range(1000))
     one = msgspec.msgpack.encode(_body("b", [prompt], 1))
     many = msgspec.msgpack.encode(_body("b", [prompt], 64))
-    per_choice = (len(many) - len(one)) / 63        # an id and params, not the prompt
-    assert per_choice < 300 < len(one) - 300
+    per_choice = (len(many) - len(one)) / 63        # an id and a seed, not params nor prompt
+    assert per_choice < 16
     got = msgspec.msgpack.Decoder(ToCore).decode(many)
     assert got.prompts == [prompt] and got.group == "b" and len(got.choices) == 64
