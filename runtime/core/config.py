@@ -22,6 +22,9 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     prefix_affinity_threshold: int = 4    # running requests a cached prefix may outweigh
+    # while every slot is taken, a body with nothing running preempts a row of the body
+    # running the most beyond its share (runtime/core/scheduler.py's _share_slots)
+    fair_share_preemption: bool = True
     kv_cache_memory: int | None = None            # pool bytes per rank; overrides the plan
     # bytes of one rank's device: the pools take what the weights and a workspace leave of
     # device_memory x gpu_memory_utilization (runtime/planning/memory_plan.py); None: pools sized

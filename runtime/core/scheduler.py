@@ -13,6 +13,9 @@ Every step plans decode first, then prefill, per rank:
              first chunk's blocks (and an MTP slot); ties rotate. It stays there. The
              queue (runtime/core/waiting_queue.py) puts preempted requests first, then
              takes turns between the bodies requests came from, each in arrival order.
+    share    before all of that, while every slot is taken: a body with nothing
+             running that waits gets a row of the body running the most (preempted),
+             if that body runs more than its share of max_num_seqs (`_share_slots`).
 
 A decode row of a request of n tokens writes positions n - 1 .. n - 1 + K: the step's K
 is at most max_model_len - n for every row (`_width`), so no row's context passes
@@ -31,6 +34,7 @@ least one prompt token is always computed).
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -49,7 +53,7 @@ from runtime.core.mtp_slots import SlotTable
 from runtime.core.prefix_cache import CacheStats, Layout
 from runtime.core.request import Request, Status
 from runtime.core.speculation import Speculation
-from runtime.core.waiting_queue import WaitingQueue
+from runtime.core.waiting_queue import WaitingQueue, group_key
 
 _ARRIVAL = attrgetter("arrival")
 
@@ -67,6 +71,9 @@ class SchedulerConfig:
     max_model_len: int
     chunked_prefill: bool = True
     prefix_affinity: int = 4      # running requests a prefix hit may outweigh
+    # a group (HTTP body) with nothing running, waiting while every slot is taken, has a
+    # row of the largest group preempted for its first request (_share_slots)
+    fair_share: bool = True
     # rows per rank per launch of a step of each K (index K; 0: not served); empty:
     # decode_batch for every K
     batches: tuple[int, ...] = ()
@@ -224,6 +231,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput(saves=self.cache.take_finals())
+        self._share_slots(out)
         budget = [self.config.max_num_batched_tokens] * self.config.ranks
         rows = [self._schedule_decode(rank, out, budget) for rank in range(self.config.ranks)]
         count = sum(map(len, rows))
@@ -240,6 +248,34 @@ class Scheduler:
         self._admit(out, budget, used)
         out.saves += self.cache.saves_passed(r for running in self.running for r in running)
         return out
+
+    def _full(self) -> bool:
+        """No running slot is free, on any rank."""
+        return self.num_running >= self.config.max_num_seqs or all(
+            len(running) >= self.config.max_running_per_rank for running in self.running)
+
+    def _share_slots(self, out: SchedulerOutput) -> None:
+        """While every slot is taken, a waiting request whose group has nothing running
+        gets the slot of the latest-admitted row of the group running the most, if that
+        group runs more than its share (max_num_seqs over the running groups and this
+        one): the row is preempted (recompute: its prefix-cache entries stay), and the
+        request admitted ahead of it this step. So a body whose requests fill the batch
+        for their whole length (n 64 of long outputs) holds another body's first token
+        for a step, not for their length; each preemption admits a group that had
+        nothing running, so they are at most one per such arrival."""
+        if not (self.config.fair_share and self.waiting and self._full()):
+            return
+        rows = Counter(group_key(r) for running in self.running for r in running)
+        largest, held = rows.most_common(1)[0]
+        if held <= max(1, self.config.max_num_seqs // (len(rows) + 1)):
+            return
+        newcomer = self.waiting.take_idle(lambda key: key not in rows)
+        if newcomer is None:
+            return
+        victim = max((r for running in self.running for r in running
+                      if group_key(r) == largest), key=_ARRIVAL)
+        self._preempt(victim, out)
+        self.waiting.appendleft(newcomer)         # ahead of the row it displaced
 
     def _choose_k(self, rows: list[Request]) -> int:
         """The step's K from the speculation policy: for the step's throughput while

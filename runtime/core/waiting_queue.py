@@ -10,7 +10,10 @@
 
 So one body of many requests delays another group's first admission by at most one
 admission per group ahead of it in the turns, whatever its size; requests without a
-group (one per body) keep their arrival order among themselves.
+group (one per body) keep their arrival order among themselves. When no running slot is
+free, the scheduler takes the first request of a group with nothing running out of its
+turn (`take_idle`) and puts it at the very front, after preempting a row of the largest
+group for it.
 
 Removal is lazy: `discard` forgets a request in O(1) and the queues drop it when they
 reach it (or when they are compacted, once most of what they hold is gone), so aborting
@@ -19,7 +22,7 @@ N waiting requests costs O(N), not O(N^2).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 
 from runtime.core.request import Request
 
@@ -42,7 +45,7 @@ class WaitingQueue:
 
     def append(self, request: Request) -> None:
         """Queue a new request at the back of its group."""
-        key = _key(request)
+        key = group_key(request)
         queue = self._groups.get(key)
         if queue is None:
             queue = self._groups[key] = deque()
@@ -96,6 +99,26 @@ class WaitingQueue:
         self._live.remove(request)
         return request
 
+    def take_idle(self, idle: Callable[[Hashable], bool]) -> Request | None:
+        """Take the first request, in turn order, of a group `idle(group_key)` holds
+        idle (the preempted at the front are not looked at); None if there is none.
+        O(groups)."""
+        for key in list(self._turns):
+            queue = self._groups[key]
+            self._held -= _drop_head(queue, self._live)
+            if not queue:
+                del self._groups[key]
+                self._turns.remove(key)
+            elif idle(key):
+                request = queue.popleft()
+                if not queue:
+                    del self._groups[key]
+                    self._turns.remove(key)
+                self._held -= 1
+                self._live.remove(request)
+                return request
+        return None
+
     def __iter__(self) -> Iterator[Request]:
         """The waiting requests in the order they would be admitted (O(n): for metrics
         and tests, not the step)."""
@@ -130,7 +153,7 @@ class WaitingQueue:
         self._held = len(self._live)
 
 
-def _key(request: Request) -> Hashable:
+def group_key(request: Request) -> Hashable:
     """A request's group: its body's, or the request itself."""
     return request if request.group is None else ("group", request.group)
 

@@ -271,4 +271,5 @@ def _resolve(config: Any, spec: ModuleType) -> tuple[int, SchedulerConfig]:
         max_num_batched_tokens=limits["max_num_batched_tokens"],
         max_num_seqs=limits["max_num_seqs"], max_model_len=limits["max_model_len"],
         chunked_prefill=config.enable_chunked_prefill,
-        prefix_affinity=config.prefix_affinity_threshold)
+        prefix_affinity=config.prefix_affinity_threshold,
+        fair_share=config.fair_share_preemption)

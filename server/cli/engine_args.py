@@ -32,6 +32,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="a request goes to the rank holding its longest cached prefix "
                              "unless that rank runs more than this many requests beyond the "
                              "least-loaded one (default: 4)")
+    parser.add_argument("--fair-share-preemption", action=argparse.BooleanOptionalAction,
+                        default=True,
+                        help="while every running slot is taken, a request whose body has "
+                             "nothing running preempts (recompute) the latest row of the "
+                             "body running the most, if that body runs more than its share "
+                             "of --max-num-seqs: no body holds another's first token for "
+                             "the length of its outputs (default: on)")
     add_memory_args(parser)
     parser.add_argument("--kv-cache-memory", type=parse_bytes, default=None,
                         help="pool bytes per rank (a number, or with a unit: 20GiB), "
@@ -145,6 +152,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         **limit_fields(args), model=args.model or default_model(spec),
         prefix_affinity_threshold=args.prefix_affinity_threshold,
+        fair_share_preemption=args.fair_share_preemption,
         kv_cache_memory=args.kv_cache_memory, device=args.device,
         device_memory=args.device_memory if args.device_memory is not None
         else _own_device_memory(args, spec),

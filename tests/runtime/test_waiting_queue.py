@@ -195,3 +195,86 @@ def test_the_engine_queues_a_request_in_its_group():
     engine.abort(body[1].request_id)
     assert list(engine.scheduler.waiting) == [body[0], alone, body[2]]
     assert engine.snapshot()["waiting"] == 3
+
+
+def test_take_idle_takes_the_first_request_of_an_idle_group_in_turn_order():
+    queue = WaitingQueue()
+    a, b, alone = _requests(2, "a"), _requests(2, "b", 10), _requests(1, None, 20)
+    for r in a + b + alone:
+        queue.append(r)
+    queue.discard(b[0])                          # a discarded head is passed over
+    busy = {("group", "a")}
+    assert queue.take_idle(lambda key: key not in busy) is b[1]
+    assert queue.take_idle(lambda key: key not in busy) is alone[0]
+    assert queue.take_idle(lambda key: key not in busy) is None   # only a's are left
+    assert list(queue) == a and len(queue) == 2
+    queue.appendleft(b[1])                       # taken requests can be queued again
+    assert _pop_all(queue) == [b[1]] + a
+
+
+# -- fair share of the running slots ---------------------------------------------------
+
+
+def _fill(s, body: list[Request]) -> None:
+    for r in body:
+        s.add(r)
+    step(s)
+    assert s.num_running == s.config.max_num_seqs
+
+
+def test_a_body_with_nothing_running_gets_a_row_of_the_body_filling_the_batch():
+    """A body whose long requests take every slot would hold a newcomer's first token for
+    their whole length; instead its latest row is preempted (and comes back first)."""
+    s = make(ranks=1, max_num_seqs=4, decode_batch=4, micro_batches=1, prefill_slots=4)
+    body = [Request(f"b-{i}", [100, 101], SamplingParams(max_tokens=40), i, group="body")
+            for i in range(6)]
+    _fill(s, body)
+    (late,) = _requests(1, "late", 10)
+    s.add(late)
+    out = step(s)
+    assert out.preempted == [body[3]]              # the latest admitted of the body
+    assert late.status is Status.RUNNING and [ch.request for ch in out.prefill] == [late]
+    assert list(s.waiting)[0] is body[3]           # first when a slot frees
+    assert step(s).preempted == []                 # one preemption per newcomer
+    drain(s)
+    assert late.finish_reason == "length" and body[3].finish_reason == "length"
+    assert_all_free(s)
+
+
+def test_no_row_is_preempted_for_a_body_already_running_or_within_its_share():
+    s = make(ranks=1, max_num_seqs=4, decode_batch=4, micro_batches=1, prefill_slots=4)
+    long = SamplingParams(max_tokens=40)
+    a = [Request(f"a-{i}", [100, 101], long, i, group="a") for i in range(3)]
+    b = [Request(f"b-{i}", [100, 101], long, 10 + i, group="b") for i in range(2)]
+    _fill(s, a + b[:1])
+    s.add(b[1])                 # b runs a row already: it waits for a free slot
+    assert step(s).preempted == []
+    alone = Request("alone", [100, 101], long, 20)
+    s.add(alone)                # a's 3 rows are over its share (4 // 3), b's 1 is not
+    assert step(s).preempted == [a[2]]
+    s.add(Request("alone-2", [100, 101], long, 21))
+    assert step(s).preempted == [a[1]]             # 4 bodies: a row each
+    s.add(Request("alone-3", [100, 101], long, 22))
+    assert step(s).preempted == []                 # no body runs more than one
+    drain(s)
+    assert_all_free(s)
+
+
+def test_requests_without_a_body_never_preempt_each_other():
+    s = make(ranks=1, max_num_seqs=2, decode_batch=2, micro_batches=1, prefill_slots=4)
+    reqs = [Request(f"r-{i}", [100, 101], SamplingParams(max_tokens=8), i) for i in range(5)]
+    for r in reqs:
+        s.add(r)
+    while s.has_work():
+        assert step(s).preempted == []
+    assert s.num_preemptions == 0
+
+
+def test_fair_share_off_leaves_the_newcomer_waiting():
+    s = make(ranks=1, max_num_seqs=4, decode_batch=4, micro_batches=1, prefill_slots=4,
+             fair_share=False)
+    _fill(s, [Request(f"b-{i}", [100, 101], SamplingParams(max_tokens=40), i, group="body")
+              for i in range(4)])
+    (late,) = _requests(1, "late", 10)
+    s.add(late)
+    assert step(s).preempted == [] and late.status is Status.WAITING
