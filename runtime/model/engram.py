@@ -49,8 +49,8 @@ class EngramGeometry:
 
     def __post_init__(self):
         if len(self.engram_layer_ids) != len(self.engram_num_embeddings):
-            raise ValueError(f"engram_layer_ids {self.engram_layer_ids} and "
-                             f"engram_num_embeddings {self.engram_num_embeddings} differ in length")
+            raise ValueError(f"engram_layer_ids {self.engram_layer_ids} and engram_num_"
+                             f"embeddings {self.engram_num_embeddings} differ in length")
         if self.engram_max_ngram_size < 2:
             raise ValueError(f"engram_max_ngram_size {self.engram_max_ngram_size} < 2")
         if self.engram_head_dim % SCALE_GROUP:
@@ -255,7 +255,8 @@ class EngramWeights:
 def lookup(table: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor,
            dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """rows [T, R] -> the rows dequantized and concatenated [T, R*hd]. An e4m3 value times
-    a power of two is exact in float32 (and in bfloat16, whose exponent range it shares)."""
+    a power of two is exact in float32 (and then in bfloat16, which holds its 4 significant
+    bits, for products of 2^-126 and up)."""
     codes = table.view(torch.uint8)[rows].view(torch.float8_e4m3fn)      # [T, R, hd]
     exponents = scale.view(torch.uint8)[rows].view(torch.float8_e8m0fnu)  # [T, R, hd/32]
     values = codes.float().unflatten(-1, (-1, SCALE_GROUP)) * exponents.float().unsqueeze(-1)
