@@ -29,6 +29,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from contract.engram_primes import engram_primes
+
 SCALE_GROUP = 32        # table values per e8m0 scale
 SEED_STRIDE = 10007     # layer L's multipliers come from numpy default_rng(10007 * L)
 MIN_DOT = 1e-6          # the gate's |dot| floor: sqrt(1e-6) = 1e-3 keeps the sign of 0
@@ -82,22 +84,11 @@ class EngramGeometry:
 
     @cached_property
     def primes(self) -> tuple[tuple[int, ...], ...]:
-        """Per Engram layer, the modulus of column c = (n-2)*H + h. Drawn in order (layer,
-        n, head) from one pool, so none repeats: for each n the search restarts above
-        engram_vocab_size - 1 and takes the next prime not yet handed out."""
-        seen: set[int] = set()
-        layers = []
-        for _ in self.engram_layer_ids:
-            columns = []
-            for _ in range(self.engram_max_ngram_size - 1):
-                candidate = self.engram_vocab_size
-                for _ in range(self.engram_n_heads):
-                    while candidate in seen or not _is_prime(candidate):
-                        candidate += 1
-                    seen.add(candidate)
-                    columns.append(candidate)
-            layers.append(tuple(columns))
-        return tuple(layers)
+        """Per Engram layer, the modulus of column c = (n-2)*H + h (contract/engram_primes.py:
+        drawn in order (layer, n, head) from one pool, none repeated)."""
+        return tuple(map(tuple, engram_primes(self.engram_vocab_size, self.engram_n_heads,
+                                              self.engram_max_ngram_size,
+                                              len(self.engram_layer_ids))))
 
     def multipliers(self) -> np.ndarray:
         """[layers, N] int64, odd; element k multiplies the id k tokens back. Bounded so
@@ -107,30 +98,6 @@ class EngramGeometry:
             np.random.default_rng(SEED_STRIDE * layer).integers(
                 0, bound, size=self.engram_max_ngram_size, dtype=np.int64) * 2 + 1
             for layer in self.engram_layer_ids])
-
-
-def _is_prime(n: int) -> bool:
-    """Miller-Rabin with the first 12 prime bases: exact for every n < 3.3e24."""
-    bases = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)
-    if n < 2:
-        return False
-    for p in bases:
-        if n % p == 0:
-            return n == p
-    d, s = n - 1, 0
-    while d % 2 == 0:
-        d, s = d // 2, s + 1
-    for a in bases:
-        x = pow(a, d, n)
-        if x in (1, n - 1):
-            continue
-        for _ in range(s - 1):
-            x = x * x % n
-            if x == n - 1:
-                break
-        else:
-            return False
-    return True
 
 
 def _normalizer():
