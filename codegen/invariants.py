@@ -7,20 +7,23 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from codegen.pool_roles import ROLES, layer_kinds, role_kinds
-from codegen.schema import Spec
+from codegen.invariants_v41 import check_v41_model, check_v41_spec
+from codegen.pool_roles import layer_labels, model_args, pool_roles, role_kinds
+from codegen.schema import ModelSection, Spec
 from codegen.yaml_loader import FieldPath
 from contract.abi import INDEXER_TILES
+from contract.entry_formats import SCALE_BLOCK
 
 Problem = tuple[FieldPath, str]
 
 
 def check_invariants(spec: Spec) -> list[Problem]:
-    """All cross-field problems of `spec`, in section order."""
+    """All cross-field problems of `spec` (either family), in section order."""
     problems: list[Problem] = list(_model(spec))
     if problems:  # the other checks read the layer layout; it must be sound first
         return problems
-    for check in (_topology, _weights, _prefill, _decode, _pools, _limits):
+    for check in (_topology, _weights, _prefill, _decode, _pools, _limits,
+                  *FAMILY_CHECKS[spec.model.FAMILY]):
         problems.extend(check(spec))
     return problems
 
@@ -34,13 +37,26 @@ def _model(spec: Spec) -> Iterator[Problem]:
                f"num_nextn_predict_layers = {m.num_hidden_layers} + "
                f"{m.num_nextn_predict_layers} = {want}")
         return
-    for i in range(m.num_hidden_layers, want):
+    yield from MODEL_CHECKS[m.FAMILY](m)
+    yield from _dims(m)
+
+
+def _v4_model(m: ModelSection) -> Iterator[Problem]:
+    """V4's own: MTP layers slide, hash layers are main layers, CSA keys carry RoPE."""
+    for i in range(m.num_hidden_layers, len(m.compress_ratios)):
         if m.compress_ratios[i] != 0:
             yield (("model", "compress_ratios", i),
                    f"MTP layer {i} must be sliding-window only (0), not {m.compress_ratios[i]}")
     if m.num_hash_layers > m.num_hidden_layers:
         yield (("model", "num_hash_layers"),
                f"{m.num_hash_layers} exceeds num_hidden_layers {m.num_hidden_layers}")
+    if 4 in m.compress_ratios and m.index_head_dim < m.qk_rope_head_dim:
+        yield (("model", "index_head_dim"),
+               f"must be at least qk_rope_head_dim {m.qk_rope_head_dim}, not {m.index_head_dim}")
+
+
+def _dims(m: ModelSection) -> Iterator[Problem]:
+    """What both families' dims must satisfy."""
     if m.qk_rope_head_dim % 2 or m.qk_rope_head_dim > m.head_dim:
         yield (("model", "qk_rope_head_dim"),
                f"must be even and at most head_dim {m.head_dim}, not {m.qk_rope_head_dim}")
@@ -51,9 +67,6 @@ def _model(spec: Spec) -> Iterator[Problem]:
     if m.num_experts_per_tok > m.n_routed_experts:
         yield (("model", "num_experts_per_tok"),
                f"{m.num_experts_per_tok} exceeds n_routed_experts {m.n_routed_experts}")
-    if 4 in m.compress_ratios and m.index_head_dim < m.qk_rope_head_dim:
-        yield (("model", "index_head_dim"),
-               f"must be at least qk_rope_head_dim {m.qk_rope_head_dim}, not {m.index_head_dim}")
     for key in ("bos_token_id", "eos_token_id"):
         if getattr(m, key) >= m.vocab_size:
             yield (("model", key), f"{getattr(m, key)} is outside vocab_size {m.vocab_size}")
@@ -130,11 +143,15 @@ def _decode(spec: Spec) -> Iterator[Problem]:
 
 def _pools(spec: Spec) -> Iterator[Problem]:
     m, pools = spec.model, spec.pools
-    kinds = layer_kinds(m)
-    for role in ROLES:
-        group = getattr(pools.groups, role.name)
+    labels, ratios = layer_labels(m), list(m.compress_ratios)
+    roles = pool_roles(m)
+    yield from _group_names(pools, roles)
+    for role in roles:
+        group = pools.group(role.name)
+        if group is None:
+            continue
         at = ("pools", "groups", role.name)
-        want_kinds = role_kinds(role, kinds)
+        want_kinds = role_kinds(role, labels, ratios)
         if sorted(set(group.layers)) != want_kinds or len(group.layers) != len(set(group.layers)):
             yield (at + ("layers",), f"{group.layers} must be {want_kinds} for this model")
         if group.row_width != role.width(m):
@@ -147,6 +164,22 @@ def _pools(spec: Spec) -> Iterator[Problem]:
         yield from _format(m, role, group, at + ("format",))
         yield from _rows_per_page(role.name, role.ratio, role.span, group.rows_per_page,
                                   pools.block_size)
+
+
+def _group_names(pools, roles) -> Iterator[Problem]:
+    """A V4.1 spec names its groups (V4's seven are fields of the schema): exactly the
+    ones its kv sources need."""
+    if not isinstance(pools.groups, dict):
+        return
+    want = [role.name for role in roles]
+    for name in pools.groups:
+        if name not in want:
+            yield (("pools", "groups", name),
+                   f"no layer of this model owns a {name} group; its groups are "
+                   f"{', '.join(want)}")
+    for role in roles:
+        if role.name not in pools.groups:
+            yield (("pools", "groups"), f"missing group {role.name} ({role.doc})")
 
 
 def _format(m, role, group, at) -> Iterator[Problem]:
@@ -163,6 +196,9 @@ def _format(m, role, group, at) -> Iterator[Problem]:
                                              or group.row_width < 32):
         yield (at, f"{group.format} indexer keys are Hadamard-rotated: row_width must be a "
                    f"power of two of at least 32, not {group.row_width}")
+    elif group.format in SCALE_BLOCK and group.row_width % SCALE_BLOCK[group.format]:
+        yield (at, f"{group.format} takes a scale per {SCALE_BLOCK[group.format]} values: "
+                   f"row_width {group.row_width} is not a multiple")
 
 
 def _rows_per_page(name: str, ratio: int, span: int | None, rows: int,
@@ -178,26 +214,46 @@ def _rows_per_page(name: str, ratio: int, span: int | None, rows: int,
 
 
 def _context_buckets(spec: Spec) -> Iterator[Problem]:
-    buckets, lim, m = spec.decode.context_buckets, spec.limits, spec.model
+    buckets, lim = spec.decode.context_buckets, spec.limits
     block = spec.pools.block_size
     at = ("decode", "context_buckets")
+    indexed = _indexed(spec.model)
     for i, bucket in enumerate(buckets):
         if i and bucket <= buckets[i - 1]:
             yield (at + (i,), f"{bucket} must exceed the bucket before it ({buckets[i - 1]})")
         elif bucket % block:
             yield (at + (i,), f"{bucket} must be a multiple of pools.block_size {block}")
-        elif 4 in m.compress_ratios and bucket % (4 * INDEXER_TILES):
-            yield (at + (i,), f"{bucket} holds {bucket / 4:g} CSA entries, which the decode "
-                              f"indexer scores in {INDEXER_TILES} equal tiles: it must be a "
-                              f"multiple of {4 * INDEXER_TILES}")
-        elif 4 in m.compress_ratios and bucket // 4 < m.index_topk:
-            yield (at + (i,), f"{bucket} holds {bucket // 4} CSA entries, fewer than "
-                              f"index_topk {m.index_topk}; the smallest bucket is "
-                              f"{4 * m.index_topk}")
+        else:
+            yield from _indexed_bucket(at + (i,), bucket, indexed, spec.model.index_topk)
     if buckets[-1] != lim.max_model_len:
         yield (at + (len(buckets) - 1,),
                f"the last bucket must be limits.max_model_len {lim.max_model_len}, "
                f"not {buckets[-1]}")
+
+
+def _indexed(m: ModelSection) -> list[tuple[int, str]]:
+    """The ratios whose entries a decode indexer scores, each with its entries' name:
+    V4's CSA layers (4); V4.1's index sources."""
+    if m.FAMILY == "deepseek_v41":
+        args = model_args(m)
+        ratios = sorted({args.ratio(layer) for layer in args.index_source_layers})
+        return [(r, f"ratio-{r} entries") for r in ratios]
+    return [(4, "CSA entries")] if 4 in m.compress_ratios else []
+
+
+def _indexed_bucket(at: FieldPath, bucket: int, indexed: list[tuple[int, str]],
+                    topk: int) -> Iterator[Problem]:
+    """The first rule a bucket breaks for the entries an indexer scores in it."""
+    for ratio, entries in indexed:
+        if bucket % (ratio * INDEXER_TILES):
+            yield (at, f"{bucket} holds {bucket / ratio:g} {entries}, which the decode "
+                       f"indexer scores in {INDEXER_TILES} equal tiles: it must be a "
+                       f"multiple of {ratio * INDEXER_TILES}")
+            return
+        if bucket // ratio < topk:
+            yield (at, f"{bucket} holds {bucket // ratio} {entries}, fewer than "
+                       f"index_topk {topk}; the smallest bucket is {ratio * topk}")
+            return
 
 
 def _limits(spec: Spec) -> Iterator[Problem]:
@@ -217,3 +273,8 @@ def _limits(spec: Spec) -> Iterator[Problem]:
             yield (("limits", "max_num_batched_tokens"),
                    f"{lim.max_num_batched_tokens} cannot hold one K={layout.k} decode step of a "
                    f"rank: batch*seq*micro_batches = {step_rows}")
+
+
+MODEL_CHECKS = {"deepseek_v4": _v4_model, "deepseek_v41": check_v41_model}
+# checks of the other sections only one family has
+FAMILY_CHECKS = {"deepseek_v4": (), "deepseek_v41": (check_v41_spec,)}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pydantic
 
 from codegen.errors import SpecError, SpecIssue
+from codegen.family import family_of_data
 from codegen.invariants import check_invariants
 from codegen.plan import Plan, build_plan
 from codegen.render import environment, render_index, render_package
@@ -38,10 +40,11 @@ def load_spec(path: str | Path, root: Path | None = None) -> Spec:
         issue = SpecIssue(shown, 1, "", f"cannot read the spec: {exc.strerror}")
         raise SpecError([issue]) from None
     data, locator = load_yaml(text, shown)
+    schema = family_of_data(data).spec
     try:
-        spec = Spec.model_validate(data)
+        spec = schema.model_validate(data)
     except pydantic.ValidationError as exc:
-        raise SpecError(_issues(locator, exc.errors())) from None
+        raise SpecError(_issues(locator, exc.errors(), schema)) from None
     problems = check_invariants(spec)
     if problems:
         raise SpecError([locator.issue(at, message) for at, message in problems])
@@ -100,7 +103,7 @@ def _reject_clashes(plans: list[Plan]) -> None:
         seen[plan.package] = plan.spec_path
 
 
-def _issues(locator: Locator, errors: list[Any]) -> list[SpecIssue]:
+def _issues(locator: Locator, errors: list[Any], schema: Any = Spec) -> list[SpecIssue]:
     """Pydantic errors as located issues. A misspelt key is one issue, not an unknown
     key plus a missing one: the missing key it resembles is named in its message."""
     missing = {tuple(e["loc"]) for e in errors if e["type"] == "missing"}
@@ -108,7 +111,7 @@ def _issues(locator: Locator, errors: list[Any]) -> list[SpecIssue]:
     for err in errors:
         at: FieldPath = tuple(err["loc"])
         if err["type"] == "extra_forbidden":
-            issues.append(_unknown_key(locator, at, missing))
+            issues.append(_unknown_key(locator, at, missing, schema))
     for err in errors:
         at = tuple(err["loc"])
         if err["type"] != "extra_forbidden" and (err["type"] != "missing" or at in missing):
@@ -116,7 +119,8 @@ def _issues(locator: Locator, errors: list[Any]) -> list[SpecIssue]:
     return issues
 
 
-def _unknown_key(locator: Locator, at: FieldPath, missing: set[FieldPath]) -> SpecIssue:
+def _unknown_key(locator: Locator, at: FieldPath, missing: set[FieldPath],
+                 schema: Any) -> SpecIssue:
     """An unknown key; if a missing sibling resembles it, claim that one (removed from
     `missing`) as the key that was meant."""
     siblings = [str(m[-1]) for m in missing if m[:-1] == at[:-1]]
@@ -125,7 +129,7 @@ def _unknown_key(locator: Locator, at: FieldPath, missing: set[FieldPath]) -> Sp
     if guess:
         missing.discard(at[:-1] + (guess[0],))
         hint = f" (did you mean {guess[0]!r}?)"
-    valid = ", ".join(_valid_keys(at[:-1]))
+    valid = ", ".join(_valid_keys(at[:-1], schema))
     return locator.issue(at, f"unknown key {at[-1]!r}{hint}; valid keys here: {valid}")
 
 
@@ -140,12 +144,17 @@ def _issue(locator: Locator, err: Any) -> SpecIssue:
     return locator.issue(at, message)
 
 
-def _valid_keys(at: FieldPath) -> list[str]:
-    """Field names of the spec model that sits at `at`."""
-    model: Any = Spec
+def _valid_keys(at: FieldPath, schema: Any) -> list[str]:
+    """Field names of the spec model that sits at `at` (a dict's values are one model:
+    the key after a dict field is a name, not a field)."""
+    model: Any = schema
+    named = False
     for part in at:
-        if isinstance(part, int):
+        if isinstance(part, int) or named:
+            named = False
             continue
         annotation = model.model_fields[part].annotation
-        model = getattr(annotation, "__args__", (annotation,))[0]
+        args = getattr(annotation, "__args__", (annotation,))
+        named = typing.get_origin(annotation) is dict
+        model = args[-1] if named else args[0]
     return list(model.model_fields)

@@ -10,7 +10,8 @@ import json
 import math
 from dataclasses import dataclass
 
-from codegen.pool_roles import ROLES, PoolRole, layer_kinds, role_layers
+from codegen.family import family_of
+from codegen.pool_roles import PoolRole, layer_labels, model_args, pool_roles, role_layers
 from codegen.schema import LayoutEntry, Spec
 from contract.decode_layout import DecodeLayout
 from contract.entry_formats import entry_bytes
@@ -52,6 +53,17 @@ class PoolPlan:
 
 
 @dataclass(frozen=True)
+class LayerRole:
+    """A V4.1 layer's role and the sources it reads (None: reads none)."""
+
+    layer: int
+    role: str
+    ratio: int
+    kv_source: int | None
+    index_source: int | None
+
+
+@dataclass(frozen=True)
 class Plan:
     """Everything one spec generates."""
 
@@ -63,6 +75,9 @@ class Plan:
     model: tuple[tuple[str, object], ...]
     layer_kinds: tuple[str, ...]
     num_main_layers: int
+    family: str                 # ModelArgs.family: deepseek_v4 | deepseek_v41
+    launchable: bool            # launch wrappers (kernels.py) are generated
+    layer_roles: tuple[LayerRole, ...]      # V4.1: every layer's role and sources; V4: ()
     topology: tuple[tuple[str, object], ...]
     weights: tuple[tuple[str, object], ...]
     ranks: int
@@ -78,12 +93,24 @@ class Plan:
     context_buckets: tuple[int, ...]
     request_slots_per_rank: int
     has_mtp: bool
+    mtp_slots: bool             # V4's MTP slot table (pools.MtpField); DSpark has none yet
     limits: tuple[tuple[str, int], ...]
     pools: tuple[PoolPlan, ...]
     dtype: str
     vocab_size: int
     hidden_size: int
     hc_mult: int
+
+    @property
+    def full_bytes_per_token(self) -> float:
+        """Bytes of full-history rows (compressed KV, index keys) a token adds, over
+        every layer of a rank: what grows with the context."""
+        return sum(p.block_bytes for p in self.pools if p.policy == "full") / self.block_size
+
+    @property
+    def ring_bytes_per_request(self) -> int:
+        """Bytes of ring rows (windows, compressor state) a request holds at most."""
+        return sum(p.ring_pages * p.block_bytes for p in self.pools if p.ring_pages)
 
 
 def package_name(spec_stem: str) -> str:
@@ -95,8 +122,10 @@ def package_name(spec_stem: str) -> str:
 def build_plan(spec: Spec, spec_path: str, spec_stem: str, spec_sha256: str) -> Plan:
     """Resolve a validated spec into the plan the templates render."""
     m = spec.model
-    kinds = layer_kinds(m)
-    pools = tuple(_pool_plan(spec, role, kinds) for role in ROLES)
+    family, args = family_of(spec), model_args(m)
+    labels, ratios = layer_labels(m), list(m.compress_ratios)
+    pools = tuple(_pool_plan(spec, role, labels, ratios) for role in pool_roles(m))
+    layers = range(args.n_layers + args.n_mtp_layers)
     layouts = tuple(_layout_plan(layout)
                     for layout in sorted(spec.decode.layouts, key=lambda lay: lay.k))
     # one device-state slot per running request of a rank, under the widest layout
@@ -109,8 +138,13 @@ def build_plan(spec: Spec, spec_path: str, spec_stem: str, spec_sha256: str) -> 
         package=package_name(spec_stem),
         fingerprint=_fingerprint(model_items),
         model=model_items,
-        layer_kinds=tuple(kinds),
+        layer_kinds=tuple(args.kind(i) for i in layers),
         num_main_layers=m.num_hidden_layers,
+        family=family.name,
+        launchable=family.launchable,
+        layer_roles=tuple(LayerRole(i, args.role(i), args.ratio(i), args.kv_source(i),
+                                    args.index_source(i)) for i in layers) if args.is_v41
+        else (),
         topology=tuple(spec.topology.model_dump(mode="json").items()),
         weights=tuple(spec.weights.model_dump(mode="json").items()),
         ranks=spec.topology.dp,
@@ -126,6 +160,7 @@ def build_plan(spec: Spec, spec_path: str, spec_stem: str, spec_sha256: str) -> 
         context_buckets=tuple(spec.decode.context_buckets),
         request_slots_per_rank=request_slots,
         has_mtp=m.num_nextn_predict_layers > 0,
+        mtp_slots=m.num_nextn_predict_layers > 0 and not args.is_v41,
         limits=tuple(spec.limits.model_dump(mode="json").items()),
         pools=pools,
         dtype=spec.topology.dtype,
@@ -144,9 +179,9 @@ def _layout_plan(entry: LayoutEntry) -> DecodeLayout:
     return DecodeLayout.of(entry.k, entry.batch, entry.seq)
 
 
-def _pool_plan(spec: Spec, role: PoolRole, kinds: list[str]) -> PoolPlan:
-    group = getattr(spec.pools.groups, role.name)
-    layers = tuple(role_layers(role, kinds))
+def _pool_plan(spec: Spec, role: PoolRole, labels: list[str], ratios: list[int]) -> PoolPlan:
+    group = spec.pools.group(role.name)
+    layers = tuple(role_layers(role, labels, ratios))
     ring_pages, formula, ring_rule = _ring_pages(spec, role, group.rows_per_page)
     if ring_pages is None:
         table_width = math.ceil(spec.limits.max_model_len // role.ratio / group.rows_per_page)

@@ -8,6 +8,7 @@ from pathlib import Path
 import jinja2
 
 from codegen.abi import kernel_plans
+from codegen.family import FAMILIES, NOT_LAUNCHABLE
 from codegen.plan import Plan, PoolPlan
 from contract.abi import MTP_SLOT_FIELDS, Arg, KernelABI
 
@@ -123,6 +124,19 @@ def _pack_ints(ints: _Ints, line: str, inner: str, tail: str, lines: list[str]) 
     return line
 
 
+def _string_lines(text: str, width: int) -> list[str]:
+    """`text` cut between words into pieces whose literals fit `width` (each piece but the
+    last keeps its trailing space, so the pieces concatenate back to `text`)."""
+    lines, line = [], ""
+    for word in text.split(" "):
+        piece = f"{line} {word}" if line else word
+        if len(_py(piece + " ")) > width and line:
+            lines.append(line + " ")
+            piece = word
+        line = piece
+    return lines + [line]
+
+
 def _arg_call(arg: Arg) -> str:
     """One Arg(...) of a kernel's table, at the table's indent."""
     items: list = [_py(arg.name), _py(arg.role), _py(arg.dtype), _py(arg.shape), _py(arg.expr)]
@@ -171,16 +185,20 @@ def render_package(plan: Plan, env: jinja2.Environment | None = None) -> dict[st
     """Files of one spec's package, keyed by path relative to the package's parent."""
     env = env or environment()
     root = plan.package
-    kernels = kernel_plans(plan)
+    family = FAMILIES[plan.family]
+    no_kernels = NOT_LAUNCHABLE.format(title=family.title)
     files = {
-        f"{root}/__init__.py": env.get_template("package_init.py.j2").render(plan=plan),
+        f"{root}/__init__.py": env.get_template("package_init.py.j2").render(
+            plan=plan, family_title=family.title,
+            no_kernels_lines=_string_lines(no_kernels, WIDTH - 6)),
         f"{root}/architecture.py": env.get_template("architecture.py.j2").render(plan=plan),
         f"{root}/contract.py": env.get_template("contract.py.j2").render(plan=plan),
         f"{root}/pools.py": env.get_template("pools.py.j2").render(
             plan=plan, mtp_slot_fields=MTP_SLOT_FIELDS),
-        f"{root}/kernels.py": env.get_template("kernels.py.j2").render(
-            plan=plan, kernels=kernels),
     }
+    if plan.launchable:     # a family whose forward is not written gets no launch wrappers
+        files[f"{root}/kernels.py"] = env.get_template("kernels.py.j2").render(
+            plan=plan, kernels=kernel_plans(plan))
     return files
 
 

@@ -6,7 +6,7 @@ quoted number is an error that names the field.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
@@ -30,6 +30,8 @@ class RopeScaling(_Strict):
 
 class ModelSection(_Strict):
     """The architecture, with the key names of the checkpoint's config.json."""
+
+    FAMILY: ClassVar[str] = "deepseek_v4"
 
     vocab_size: PositiveInt
     hidden_size: PositiveInt
@@ -148,6 +150,9 @@ class PoolGroups(_Strict):
 class PoolsSection(_Strict):
     block_size: PositiveInt
     groups: PoolGroups
+
+    def group(self, name: str) -> PoolGroup | None:
+        return getattr(self.groups, name, None)
 
 
 class LimitsSection(_Strict):
