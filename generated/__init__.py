@@ -7,6 +7,7 @@ from types import ModuleType
 
 # Package name -> the spec it was generated from.
 SPECS = {
+    "deepseek_v41_flash": "specs/deepseek-v41-flash.yaml",
     "deepseek_v4_flash": "specs/deepseek-v4-flash.yaml",
     "deepseek_v4_pro": "specs/deepseek-v4-pro.yaml",
     "reference": "specs/reference.yaml",
@@ -14,6 +15,7 @@ SPECS = {
     "tiny_bf16": "specs/tiny-bf16.yaml",
     "tiny_deep": "specs/tiny-deep.yaml",
     "tiny_fp8": "specs/tiny-fp8.yaml",
+    "v41_tiny": "specs/v41-tiny.yaml",
 }
 
 
