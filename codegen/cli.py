@@ -26,14 +26,32 @@ SECTIONS = {
 }
 
 
+V41_SECTIONS = {
+    "model": "the release's text_config keys (model_type: deepseek_v41_text); compress_ratios "
+             "0 window only, r > 0 CSA2, a role from kv_source_layer_ids and "
+             "index_source_layer_ids",
+    "weights": "as V4's, plus engram: fp8 | unquantized (the Engram tables)",
+    "pools": "block_size and the groups the kv sources need: ori; cmp_c<r> and idx_c<r> per "
+             "kv-source ratio r; state_c<r> where r > 1 (layers list roles: window, full, "
+             "reindex, reuse, dspark). Planned only: no kernels are generated yet",
+}
+
+
 def spec_fields_help() -> str:
     """A field reference built from the schema, so it cannot fall out of date."""
     from codegen.schema import Spec
+    from codegen.schema_v41 import PoolGroupV41, SpecV41
 
     lines = ["spec sections (specs/*.yaml; every key is required, unknown keys are errors):"]
     for name, text in SECTIONS.items():
         fields = Spec.model_fields[name].annotation.model_fields
         lines += [f"  {name}: {text}", "      keys: " + ", ".join(fields)]
+    lines.append("DeepSeek V4.1 specs differ in three sections:")
+    for name, text in V41_SECTIONS.items():
+        fields = SpecV41.model_fields[name].annotation.model_fields
+        keys = PoolGroupV41.model_fields if name == "pools" else fields
+        lines += [f"  {name} (V4.1): {text}",
+                  f"      {'group keys' if name == 'pools' else 'keys'}: " + ", ".join(keys)]
     return "\n".join(lines)
 
 

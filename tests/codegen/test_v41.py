@@ -176,3 +176,11 @@ def test_v41_packages_have_no_kernels_and_say_why(tmp_path):
     assert package.architecture.LAYER_ROLES[8] == "reindex"
     assert package.pools.GROUPS["cmp_c2"].blocks_for(1000) == 8       # 500 entries, 64 a page
     assert not hasattr(package.pools, "MtpField")
+
+
+def test_codegen_help_describes_the_v41_sections():
+    from codegen.cli import spec_fields_help
+
+    text = spec_fields_help()
+    assert "\n  model (V4.1): " in text and "\n  pools (V4.1): " in text
+    assert "kv_source_layer_ids" in text and "engram: fp8 | unquantized" in text
