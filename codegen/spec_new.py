@@ -49,6 +49,9 @@ def spec_from_config(config: dict[str, Any], base: Any,
     (`tokens`: bos/eos ids for a config that lacks them, V4.1's inference spelling)."""
     if is_v41(config):
         return _v41_spec({**(tokens or {}), **text_config(config)}, base)
+    if base.model.FAMILY != "deepseek_v4":
+        raise ValueError("config.json is DeepSeek V4's and the base spec is not: its pool "
+                         "groups cannot serve V4; take a V4 spec as --base (specs/tiny.yaml)")
     missing = [key for key in ModelSection.model_fields if key not in config]
     if missing:
         raise ValueError(f"config.json lacks {', '.join(missing)}")

@@ -57,3 +57,10 @@ def test_a_v41_config_missing_a_key_names_it():
     del inference["window_size"]
     with pytest.raises(ValueError, match="^inference config lacks window_size$"):
         spec_from_config(inference, load_spec(SPECS / "v41-tiny.yaml"))
+
+
+def test_a_v4_config_needs_a_v4_base():
+    config = json.loads((REPO / "tests" / "fixtures" / "v4-tiny" / "config.json").read_text())
+    with pytest.raises(ValueError, match="config.json is DeepSeek V4's and the base spec is "
+                                         "not"):
+        spec_from_config(config, load_spec(SPECS / "v41-tiny.yaml"))
