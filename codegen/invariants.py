@@ -1,7 +1,9 @@
 """The one place for checks that span fields of a spec.
 
 `check_invariants` returns every violated invariant as (field path, message); the
-caller attaches file and line. Per-field types and ranges live in `schema.py`.
+caller attaches file and line. Per-field types and ranges live in `schema.py` (V4) and
+`schema_v41.py`; the checks only V4.1 has (layer roles and their sources, Engram,
+DSpark) live in `invariants_v41.py` and run from here.
 """
 from __future__ import annotations
 
