@@ -14,6 +14,7 @@ import torch
 
 from contract.model_args import ModelArgs
 from runtime.model import quant
+from runtime.model.engram import EngramHash, EngramWeights
 from runtime.model.rope import Rope
 
 
@@ -102,6 +103,7 @@ class ModelParams:
     dtype: torch.dtype
     device: torch.device
     ranks: int                     # expert-parallel ranks of the replica
+    engram: EngramHash | None = None   # V4.1: the token map and hash constants
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.dense[name]
@@ -114,6 +116,11 @@ class ModelParams:
         return self.args.n_experts // self.ranks
 
     def rank_experts(self, layer: int, rank: int) -> Experts:
-        """The experts `rank` owns in `layer` (it must be held by this process)."""
-        per = self.experts_per_rank
+        """The experts `rank` owns in `layer` (it must be held by this process); a V4.1
+        DSpark stage splits its own expert count."""
+        per = self.args.experts(layer) // self.ranks
         return self.experts[layer].slice(rank * per - self.experts[layer].first, per)
+
+    def engram_weights(self, layer: int) -> EngramWeights:
+        """V4.1: the Engram tensors of `layer` (one of args.engram_layers)."""
+        return EngramWeights.from_checkpoint(self.dense, layer, self.dtype)

@@ -16,11 +16,18 @@ the routed experts of a rank go only to it. Routed experts are stacked per layer
 expert order, so expert e sits with the other experts of its rank e // experts_per_rank.
 A missing, extra or mis-shaped tensor, or a config.json that disagrees with the spec,
 is a CheckpointError naming the tensor or key.
+
+A DeepSeek V4.1 checkpoint (contract/checkpoint_layout.py's V4.1 names) loads the same
+way, less what text serving never reads: the vision tower, aligner, image_* tensors and
+every ffn.gate.bias_vl are skipped (one log line). Its Engram tables stay as released
+(FP8 e4m3 rows with an e8m0 scale per 32), and the Engram token map is built from the
+checkpoint's tokenizer.json (runtime/model/engram.py).
 """
 from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,18 +37,27 @@ import torch
 
 from contract.checkpoint_layout import (
     expected_shapes,
+    fp8_block,
+    is_engram_table,
     is_fp8_projection,
     is_routed_expert,
     keeps_float32,
 )
 from contract.model_args import ModelArgs
+from contract.v41_config import is_v41, text_config
 from runtime.model import quant
+from runtime.model.engram import EngramGeometry, EngramHash
 from runtime.model.params import Experts, ModelParams
 from runtime.model.rope import Rope
 from runtime.weights.safetensors_file import SafetensorsError, SafetensorsFile
 
 E8M0 = ("U8", "F8_E8M0")                         # power-of-two scales, one byte each
 SCALE_DTYPES = (*E8M0, "F32", "BF16", "F16")
+# what a V4.1 release holds for images only: text serving never reads them
+TEXT_ONLY_SKIPPED = ("vision.", "aligner.", "image_start", "image_end", "image_newline")
+SKIPPED_SUFFIX = ".ffn.gate.bias_vl"
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
@@ -55,6 +71,8 @@ def check_config(directory: Path, spec_config: Mapping[str, Any], spec_path: str
         config = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{path}: cannot read config.json: {exc}") from None
+    if is_v41(config):                 # a spec's model section is the flat text spelling
+        config = text_config(config)
     for key, want in spec_config.items():
         if key not in config:
             raise CheckpointError(f"{path}: lacks {key!r}, which {spec_path} sets to {want!r}")
@@ -92,30 +110,64 @@ def load_params(directory: str | Path | None, spec: Any, device: str | torch.dev
     if checkpoint is None:
         directory = Path(directory)
         check_config(directory, config, spec.SPEC_PATH)
-    args = ModelArgs.from_config(config)
-    dtype = dtype or getattr(torch, spec.contract.DTYPE)
-    as_released = (weight_format or spec.contract.WEIGHTS_FORMAT) == "as_released"
+    return load_checkpoint(directory, ModelArgs.from_config(config),
+                           spec.architecture.FINGERPRINT,
+                           dtype or getattr(torch, spec.contract.DTYPE), device,
+                           ranks or spec.contract.EP, held,
+                           (weight_format or spec.contract.WEIGHTS_FORMAT) == "as_released",
+                           checkpoint)
+
+
+def load_checkpoint(directory: str | Path | None, args: ModelArgs, fingerprint: str,
+                    dtype: torch.dtype, device: str | torch.device = "cpu", ranks: int = 1,
+                    held: range | None = None, as_released: bool = False,
+                    checkpoint: Any = None) -> ModelParams:
+    """Load the checkpoint of architecture `args` (its config.json is not read): what
+    load_params does once a spec has given these."""
     device = torch.device(device)
-    ranks = ranks or spec.contract.EP
-    if args.n_experts % ranks:
-        raise ValueError(f"{ranks} ranks: the {args.n_experts} routed experts must split "
-                         "evenly")
+    for layer in range(args.n_layers + args.n_mtp_layers):
+        if args.experts(layer) % ranks:
+            raise ValueError(f"{ranks} ranks: the {args.experts(layer)} routed experts of "
+                             f"layer {layer} must split evenly")
     held = held if held is not None else range(ranks)
-    per = args.n_experts // ranks
-    with checkpoint or _Reader(directory) as reader:
+    with checkpoint or _Reader(Path(directory), fp8_block(args)) as reader:
         shapes = expected_shapes(args)
         _check_names(reader, shapes, directory)
         dense: dict[str, torch.Tensor] = {}
         for name, shape in shapes.items():       # one tensor at a time, to the device
-            if not is_routed_expert(name):
+            if is_engram_table(name):
+                dense[name] = reader.stored(name).to(device)
+            elif not is_routed_expert(name):
                 dense.update(_dense(reader, name, shape, dtype, device, as_released))
-        experts = {layer: _experts(reader, args, layer, dtype, device,
-                                   range(held.start * per, held.stop * per), as_released)
-                   for layer in range(args.n_layers + args.n_mtp_layers)}
+        experts = {}
+        for layer in range(args.n_layers + args.n_mtp_layers):
+            per = args.experts(layer) // ranks
+            experts[layer] = _experts(reader, args, layer, dtype, device,
+                                      range(held.start * per, held.stop * per), as_released)
     _return_freed_heap()
-    return ModelParams(args=args, fingerprint=spec.architecture.FINGERPRINT, dense=dense,
-                       experts=experts, rope=Rope.build(args, device), dtype=dtype,
-                       device=device, ranks=ranks)
+    return ModelParams(args=args, fingerprint=fingerprint, dense=dense, experts=experts,
+                       rope=Rope.build(args, device), dtype=dtype, device=device,
+                       ranks=ranks, engram=_engram_hash(args, directory, device))
+
+
+def _engram_hash(args: ModelArgs, directory: str | Path | None,
+                 device: torch.device) -> EngramHash | None:
+    """V4.1's Engram token map and hash constants, from the checkpoint's tokenizer.json;
+    None without Engram layers (or, for a checkpoint without files, without a
+    tokenizer)."""
+    if not args.engram_layers:
+        return None
+    path = Path(directory) / "tokenizer.json" if directory is not None else None
+    if path is None or not path.exists():
+        if directory is None:
+            return None
+        raise CheckpointError(f"{directory}: no tokenizer.json, which the Engram token map "
+                              "is built from")
+    geometry = EngramGeometry(args.engram_layers, args.engram_num_embeddings,
+                              args.engram_max_ngram, args.engram_vocab_size, args.engram_heads,
+                              args.engram_head_dim, args.engram_pad_id,
+                              args.engram_compressed_vocab)
+    return EngramHash.from_tokenizer_file(geometry, path, args.vocab_size, device)
 
 
 def _return_freed_heap() -> None:
@@ -200,7 +252,7 @@ class _Reader:
     for (runtime/weights/safetensors_file.py: no file is mapped); `X.scale` tensors go with
     their `X.weight`."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, fp8_block: int = quant.FP8_BLOCK):
         files = sorted(directory.glob("*.safetensors"))
         if not files:
             raise CheckpointError(f"{directory}: no *.safetensors files")
@@ -211,7 +263,12 @@ class _Reader:
         except (OSError, SafetensorsError) as exc:
             self.close()
             raise CheckpointError(str(exc)) from None
-        self._where = {name: h for h in self._handles for name in h.keys()}
+        every = {name: h for h in self._handles for name in h.keys()}
+        self._where = {n: h for n, h in every.items() if not _image_only(n)}
+        if len(self._where) < len(every):
+            log.info("%s: skipped %d tensors text serving never reads (vision tower, aligner, "
+                     "image tokens, ffn.gate.bias_vl)", directory, len(every) - len(self._where))
+        self.fp8_block = fp8_block       # the side of an FP8 weight's scale block
 
     def __enter__(self) -> _Reader:
         return self
@@ -225,7 +282,9 @@ class _Reader:
         self._handles.clear()
 
     def weight_names(self) -> set[str]:
-        return {n for n in self._where if not n.endswith(".scale")}
+        """Every tensor but the scales of quantized weights (an Engram table's scale is a
+        tensor of its own)."""
+        return {n for n in self._where if not n.endswith(".scale") or is_engram_table(n)}
 
     def logical_shape(self, name: str) -> tuple[int, ...]:
         shape = self._where[name].shape(name)
@@ -234,7 +293,8 @@ class _Reader:
         return shape
 
     def unscaled_float8(self, name: str) -> bool:
-        return self._dtype(name).startswith("F8") and not self._scaled(name)
+        return self._dtype(name).startswith("F8") and not self._scaled(name) \
+            and not is_engram_table(name)
 
     def is_fp4(self, name: str) -> bool:
         return self._scaled(name) and self._dtype(name) in ("I8", "U8")
@@ -243,7 +303,7 @@ class _Reader:
         return self._scaled(name) and self._dtype(name) == "F8_E4M3"
 
     def scale_names(self) -> list[str]:
-        return [n for n in self._where if n.endswith(".scale")]
+        return [n for n in self._where if n.endswith(".scale") and not is_engram_table(n)]
 
     def scale_problem(self, scale: str, shapes: dict[str, tuple[int, ...]]) -> str | None:
         """What is wrong with a `.scale` tensor: no weight of its name, a weight that is
@@ -259,7 +319,8 @@ class _Reader:
         if self._dtype(scale) not in SCALE_DTYPES:
             return f"scale {scale} is stored as {self._dtype(scale)}; one of {SCALE_DTYPES}"
         out, inp = shapes[name]
-        want = (-(-out // quant.FP8_BLOCK), -(-inp // quant.FP8_BLOCK)) if self.is_fp8(name) \
+        block = self.fp8_block
+        want = (-(-out // block), -(-inp // block)) if self.is_fp8(name) \
             else (out, inp // quant.FP4_GROUP)
         got = self._where[scale].shape(scale)
         return None if got == want else f"scale {scale} has shape {got}, expected {want}"
@@ -287,12 +348,21 @@ class _Reader:
             scale = quant.scale_values(scale)
         return data, scale
 
+    def stored(self, name: str) -> torch.Tensor:
+        """A tensor exactly as stored (an Engram table or its e8m0 scales)."""
+        return self._where[name].read(name)
+
     def load(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         """A tensor as stored, or dequantized to `dtype` if it has a scale (checked by
         scale_problem to be FP8 or FP4)."""
         if not self._scaled(name):
             return self._where[name].read(name)
         return quant.dequantize(*self.raw(name), dtype)
+
+
+def _image_only(name: str) -> bool:
+    """A V4.1 release's tensor that only image inputs use."""
+    return name.startswith(TEXT_ONLY_SKIPPED) or name.endswith(SKIPPED_SUFFIX)
 
 
 def bytes_per_rank(params: ModelParams) -> int:
