@@ -59,12 +59,12 @@ def attention(p: LayerParams, args: ModelArgs, layer: int, x: torch.Tensor, pos:
     out = torch.empty_like(q)
     for seg in segments:
         s = seg.tokens
-        window, window_pos = _window(view, layer, seg, kv[s], args.window)
+        window, window_pos = window_rows(view, layer, seg, kv[s], args.window)
         entries = _compress(p, args, layer, seg, view, side, inv_freq)
         for t0 in range(0, seg.length, tile):
             t = slice(s.start + t0, min(s.start + t0 + tile, s.stop))
             keys = _keys(args, layer, seg, view, side, entries, window, window_pos, pos[t], t)
-            out[t] = _attend(q[t], keys, p["attn.attn_sink"])
+            out[t] = attend(q[t], keys, p["attn.attn_sink"])
     out = apply_rope(out, pos, inv_freq, inverse=True)
     return output_projection(p, args, out)
 
@@ -94,8 +94,8 @@ def compressor_rows(p: LayerParams, prefix: str, x: torch.Tensor, pos: torch.Ten
     return kv, score
 
 
-def _window(view: PoolView, layer: int, seg: Segment, kv: torch.Tensor,
-            window: int) -> tuple[torch.Tensor, torch.Tensor]:
+def window_rows(view: PoolView, layer: int, seg: Segment, kv: torch.Tensor,
+                window: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Earlier rows still inside the window (from the ring), then the segment's own;
     the segment's rows are written to the ring after the earlier ones are read."""
     first = max(0, seg.start - (window - 1))
@@ -127,8 +127,7 @@ def _compress(p: LayerParams, args: ModelArgs, layer: int, seg: Segment, view: P
 def _keys(args: ModelArgs, layer: int, seg: Segment, view: PoolView, side: dict,
           entries: torch.Tensor | None, window: torch.Tensor, window_pos: torch.Tensor,
           qpos: torch.Tensor, t: slice) -> Keys:
-    window_ok = (window_pos[None, :] <= qpos[:, None]) \
-        & (window_pos[None, :] > qpos[:, None] - args.window)
+    window_ok = window_mask(window_pos, qpos, args.window)
     if entries is None or entries.shape[0] == 0:
         return Keys(window, window_ok, None, None)
     ratio = args.ratio(layer)
@@ -142,7 +141,13 @@ def _keys(args: ModelArgs, layer: int, seg: Segment, view: PoolView, side: dict,
     return Keys(window, window_ok, entries[chosen], valid)
 
 
-def _attend(q: torch.Tensor, keys: Keys, sink: torch.Tensor) -> torch.Tensor:
+def window_mask(window_pos: torch.Tensor, qpos: torch.Tensor, window: int) -> torch.Tensor:
+    """[t, m]: which window rows (positions window_pos [m]) each query (qpos [t]) sees:
+    its own position and the window - 1 before it."""
+    return (window_pos[None, :] <= qpos[:, None]) & (window_pos[None, :] > qpos[:, None] - window)
+
+
+def attend(q: torch.Tensor, keys: Keys, sink: torch.Tensor) -> torch.Tensor:
     """q [t, H, D] over the tile's keys, with the per-head sink -> [t, H, D]."""
     scale = q.shape[-1] ** -0.5
     qf = q.float()

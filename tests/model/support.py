@@ -305,3 +305,101 @@ def greedy_differs_only_after_near_ties(checkpoint, params, spec, other_params,
         assert gap < bound.item()
     print(f"{differed} of {len(lines)} continuations differ")
     return differed
+
+
+# --- DeepSeek V4.1 (tests/fixtures/v41-tiny: the official V4.1 code's outputs) ---
+
+FIXTURE_V41 = Path(__file__).resolve().parent.parent / "fixtures" / "v41-tiny"
+
+
+def v41_args():
+    from contract.model_args import ModelArgs
+    return ModelArgs.from_config(json.loads((FIXTURE_V41 / "config.json").read_text()))
+
+
+def v41_params() -> ModelParams:
+    """The v41-tiny checkpoint in float32 (no spec is needed to load it)."""
+    from runtime.weights.loader import load_checkpoint
+    return load_checkpoint(FIXTURE_V41, v41_args(), "v41-tiny", torch.float32)
+
+
+def v41_golden(name: str = "golden.json") -> list[dict]:
+    return json.loads((FIXTURE_V41 / name).read_text())["cases"]
+
+
+def v41_pool_groups(args, blocks: int, window_rows: int = 32,
+                    entry_rows: int = 16) -> dict:
+    """The pool groups runtime/model/V41.md section 8 lists, float32 as they are:
+    every layer's window ring (ori); for each kv-source ratio r its compressed KV
+    (cmp_c{r}) and index keys (idx_c{r}), one row per r positions, and above ratio 1
+    its compressor's open group (state_c{r}, kv and score rows). Small pages, so that
+    a prompt spans many of them."""
+    from contract.abi import PoolGroup
+
+    def group(name, layers, rows, width, policy, per_row, ring):
+        pages = ring if ring is not None else blocks
+        return PoolGroup(name, layers=tuple(layers), rows_per_page=rows, row_width=width,
+                         dtype="float32", policy=policy, tokens_per_row=per_row,
+                         ring_pages=ring, table_width=pages, page_bytes=rows * width * 4,
+                         block_bytes=rows * width * 4 * len(layers), formula="test",
+                         format="compute", rope_width=0, entry_bytes=width * 4)
+
+    ring = -(-(args.window - 1 + 4) // window_rows) + 1
+    groups = {"ori": group("ori", range(args.n_layers), window_rows, args.head_dim, "ring",
+                           1, ring)}
+    for r in sorted({args.ratio(s) for s in args.kv_source_layers}):
+        owners = [s for s in args.kv_source_layers if args.ratio(s) == r]
+        groups[f"cmp_c{r}"] = group(f"cmp_c{r}", owners, entry_rows, args.head_dim, "full",
+                                    r, None)
+        groups[f"idx_c{r}"] = group(f"idx_c{r}", owners, entry_rows, args.index_head_dim,
+                                    "full", r, None)
+        if r > 1:
+            groups[f"state_c{r}"] = group(f"state_c{r}", owners, r, 2 * args.head_dim,
+                                          "ring", 1, 2)
+    return groups
+
+
+class V41Driver:
+    """Requests 0 .. requests-1 of a V4.1 model on rank 0, each on blocks of its own of
+    fresh pools. A launch runs a piece of several requests at once (a segment each);
+    the Engram history before a piece is taken from the request's ids fed so far."""
+
+    BLOCKS = 24          # full groups' pages a request: 24 x 16 entries, prompts to 384
+
+    def __init__(self, params: ModelParams, requests: int = 1, tile: int = 32):
+        self.params, self.tile = params, tile
+        self.groups = v41_pool_groups(params.args, self.BLOCKS)
+        self.pools, self.tables = {}, {}
+        for name, g in self.groups.items():
+            pages = g.table_width                        # a request's; the last: scratch
+            self.pools[name] = torch.zeros((1, len(g.layers), requests * pages + 1,
+                                            g.rows_per_page, g.row_width))
+            own = torch.arange(requests * pages, dtype=torch.int32).view(1, requests, pages)
+            self.tables[name] = own
+        self.tokens: list[list[int]] = [[] for _ in range(requests)]
+
+    def view(self) -> PoolView:
+        return PoolView(self.pools, self.tables, self.groups)
+
+    def launch(self, pieces: dict[int, list[int]]) -> dict[int, torch.Tensor]:
+        """One launch of `pieces` (request -> its next ids): logits [n, vocab] each."""
+        from runtime.model.forward_v41 import logits, main_model, prior_ids
+        args = self.params.args
+        segments, priors, ids = [], [], []
+        for request, piece in pieces.items():
+            start = len(self.tokens[request])
+            segments.append(Segment(0, request, start, len(piece), len(ids)))
+            priors.append(prior_ids(self.tokens[request], start, args.engram_max_ngram - 1,
+                                    args.engram_pad_id))
+            ids += piece
+            self.tokens[request] += piece
+        with torch.inference_mode():
+            h = main_model(self.params, torch.tensor(ids), torch.tensor(priors), segments,
+                           self.view(), self.tile)
+            out = logits(self.params, h)
+        return {request: out[s.tokens] for request, s in zip(pieces, segments)}
+
+    def feed(self, ids: list[int], chunk: int, request: int = 0) -> torch.Tensor:
+        """Logits [len(ids), vocab] of ids appended to a request, `chunk` per launch."""
+        return torch.cat([self.launch({request: ids[at:at + chunk]})[request]
+                          for at in range(0, len(ids), chunk)])
