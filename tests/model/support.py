@@ -310,6 +310,7 @@ def greedy_differs_only_after_near_ties(checkpoint, params, spec, other_params,
 # --- DeepSeek V4.1 (tests/fixtures/v41-tiny: the official V4.1 code's outputs) ---
 
 FIXTURE_V41 = Path(__file__).resolve().parent.parent / "fixtures" / "v41-tiny"
+V41 = generated.load("v41_tiny")       # its architecture, 4 expert-parallel ranks
 
 
 def v41_args():
@@ -318,29 +319,25 @@ def v41_args():
 
 
 def v41_params() -> ModelParams:
-    """The v41-tiny checkpoint in float32 (no spec is needed to load it)."""
-    from runtime.weights.loader import load_checkpoint
-    return load_checkpoint(FIXTURE_V41, v41_args(), "v41-tiny", torch.float32)
+    """The v41-tiny checkpoint for specs/v41-tiny.yaml (float32, experts over 4 ranks)."""
+    return load_params(FIXTURE_V41, V41)
 
 
 def v41_golden(name: str = "golden.json") -> list[dict]:
     return json.loads((FIXTURE_V41 / name).read_text())["cases"]
 
 
-def v41_pool_groups(args, blocks: int, window_rows: int = 32,
-                    entry_rows: int = 16) -> dict:
-    """The pool groups runtime/model/V41.md section 8 lists, float32 as they are:
-    every layer's window ring (ori); for each kv-source ratio r its compressed KV
-    (cmp_c{r}) and index keys (idx_c{r}), one row per r positions, and above ratio 1
-    its compressor's open group (state_c{r}, kv and score rows). Small pages, so that
-    a prompt spans many of them."""
+def v41_small_pages(args, window_rows: int = 32, entry_rows: int = 16) -> dict:
+    """The pool groups of runtime/model/V41.md section 8 with small pages, so that a
+    prompt spans many: every layer's window ring (ori); for each kv-source ratio r its
+    compressed KV (cmp_c{r}) and index keys (idx_c{r}), one row per r positions, and
+    above ratio 1 its compressor's open group (state_c{r}, kv and score rows)."""
     from contract.abi import PoolGroup
 
     def group(name, layers, rows, width, policy, per_row, ring):
-        pages = ring if ring is not None else blocks
         return PoolGroup(name, layers=tuple(layers), rows_per_page=rows, row_width=width,
                          dtype="float32", policy=policy, tokens_per_row=per_row,
-                         ring_pages=ring, table_width=pages, page_bytes=rows * width * 4,
+                         ring_pages=ring, table_width=ring or 64, page_bytes=rows * width * 4,
                          block_bytes=rows * width * 4 * len(layers), formula="test",
                          format="compute", rope_width=0, entry_bytes=width * 4)
 
@@ -360,22 +357,28 @@ def v41_pool_groups(args, blocks: int, window_rows: int = 32,
 
 
 class V41Driver:
-    """Requests 0 .. requests-1 of a V4.1 model on rank 0, each on blocks of its own of
-    fresh pools. A launch runs a piece of several requests at once (a segment each);
-    the Engram history before a piece is taken from the request's ids fed so far."""
+    """Requests 0 .. requests-1 of a V4.1 model on one rank, each on blocks of its own of
+    fresh pools (default: specs/v41-tiny.yaml's groups). A launch runs a piece of several
+    requests at once (a segment each); the Engram history before a piece is taken from
+    the request's ids fed so far."""
 
-    BLOCKS = 24          # full groups' pages a request: 24 x 16 entries, prompts to 384
+    BLOCKS = 24          # at most, per request and group
 
-    def __init__(self, params: ModelParams, requests: int = 1, tile: int = 32):
-        self.params, self.tile = params, tile
-        self.groups = v41_pool_groups(params.args, self.BLOCKS)
+    def __init__(self, params: ModelParams, requests: int = 1, tile: int = 32,
+                 groups=None, rank: int = 2):
+        from runtime.backends.arg_checks import torch_dtype
+        self.params, self.tile, self.rank = params, tile, rank
+        self.groups = groups or V41.pools.GROUPS
         self.pools, self.tables = {}, {}
         for name, g in self.groups.items():
-            pages = g.table_width                        # a request's; the last: scratch
-            self.pools[name] = torch.zeros((1, len(g.layers), requests * pages + 1,
-                                            g.rows_per_page, g.row_width))
-            own = torch.arange(requests * pages, dtype=torch.int32).view(1, requests, pages)
-            self.tables[name] = own
+            pages = min(g.table_width, self.BLOCKS)      # a request's; the last: scratch
+            self.pools[name] = torch.zeros(
+                (params.ranks, len(g.layers), requests * pages + 1, g.rows_per_page,
+                 g.storage_width), dtype=torch_dtype(g.storage_dtype))
+            table = torch.full((params.ranks, requests, g.table_width), requests * pages,
+                               dtype=torch.int32)
+            table[rank, :, :pages] = torch.arange(requests * pages).view(requests, pages)
+            self.tables[name] = table
         self.tokens: list[list[int]] = [[] for _ in range(requests)]
 
     def view(self) -> PoolView:
@@ -388,7 +391,7 @@ class V41Driver:
         segments, priors, ids = [], [], []
         for request, piece in pieces.items():
             start = len(self.tokens[request])
-            segments.append(Segment(0, request, start, len(piece), len(ids)))
+            segments.append(Segment(self.rank, request, start, len(piece), len(ids)))
             priors.append(prior_ids(self.tokens[request], start, args.engram_max_ngram - 1,
                                     args.engram_pad_id))
             ids += piece

@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from tests.model.support import V41Driver, assert_top5_rows, v41_golden, v41_params
+from tests.model.support import (
+    V41Driver,
+    assert_top5_rows,
+    v41_golden,
+    v41_params,
+    v41_small_pages,
+)
 
 CASES = v41_golden()
 pytestmark = pytest.mark.usefixtures("one_torch_thread")     # tiny tensors
@@ -48,6 +54,14 @@ def test_query_tiles_do_not_change_the_result(params, tile):
     """Tiles split the indexer's and the candidate source's rows (published per tile)."""
     case = CASES[-1]
     _assert_rows(V41Driver(params, tile=tile).feed(_sequence(case), 128), case)
+
+
+def test_pages_of_a_few_rows(params):
+    """Windows in pages of 32 rows (a ring of 6), entries in pages of 16: the prompt
+    spans many pages of every group, chunked so that launches end mid-page."""
+    case = CASES[-1]
+    driver = V41Driver(params, groups=v41_small_pages(params.args))
+    _assert_rows(driver.feed(_sequence(case), 37), case)
 
 
 def test_prompt_then_single_token_steps_match(params):
