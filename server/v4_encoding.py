@@ -13,6 +13,11 @@ arguments, tool schemas, response_format) through a `content` function: the iden
 `encode`, content marks for `encode_segments`, whose segments tell the client's text from
 the format's own markup (BOS, EOS, User, Assistant, think tags, DSML tags, the tools text).
 
+The steps the V4.1 format shares (server/v41_encoding.py) are public: `turns` (validate,
+merge, attach the tools, order the results), and the renderings of a user turn's blocks,
+a system turn's tools and response format, and an assistant's calls, in either format's
+DSML tags (server/dsml_markup.py).
+
 The one departure from the released encoder: a tool result's tags are plain text in the
 format, so a result that held "</tool_result>" would close its block and could add
 results of its own. In a result's text, a "<" that starts such a tag (either one, any
@@ -25,8 +30,11 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 
+from server import dsml_markup
 from server.content_marks import ContentMarks, Segment
+from server.dsml_markup import DSML, Markup
 
 BOS = "<｜begin▁of▁sentence｜>"
 EOS = "<｜end▁of▁sentence｜>"
@@ -34,8 +42,7 @@ USER = "<｜User｜>"
 ASSISTANT = "<｜Assistant｜>"
 THINK = "<think>"
 END_THINK = "</think>"
-DSML = "｜DSML｜"
-TOOL_CALLS_START = f"\n\n<{DSML}tool_calls"      # the "\n\n" belongs to the delimiter
+TOOL_CALLS_START = dsml_markup.V4.calls_start     # the "\n\n" belongs to the delimiter
 
 V4_SPECIAL_TOKENS = (BOS, EOS, USER, ASSISTANT, THINK, END_THINK)
 
@@ -51,20 +58,27 @@ REASONING_EFFORT_MAX = (
     "step, considered alternative, and rejected hypothesis to ensure absolutely no assumption "
     "is left unchecked.\n\n")
 
-TOOLS_TEMPLATE = """## Tools
+
+
+@cache
+def tools_template(markup: Markup) -> str:
+    """The tools section of a system prompt in `markup`'s tags, "{schemas}" left to fill."""
+    calls, invoke, param = (DSML + tag for tag in (markup.calls, markup.invoke,
+                                                   markup.parameter))
+    return f"""## Tools
 
 You have access to a set of tools to help answer the user's question. \
-You can invoke tools by writing a "<｜DSML｜tool_calls>" block like the following:
+You can invoke tools by writing a "<{calls}>" block like the following:
 
-<｜DSML｜tool_calls>
-<｜DSML｜invoke name="$TOOL_NAME">
-<｜DSML｜parameter name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE</｜DSML｜parameter>
+<{calls}>
+<{invoke} name="$TOOL_NAME">
+<{param} name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE</{param}>
 ...
-</｜DSML｜invoke>
-<｜DSML｜invoke name="$TOOL_NAME2">
+</{invoke}>
+<{invoke} name="$TOOL_NAME2">
 ...
-</｜DSML｜invoke>
-</｜DSML｜tool_calls>
+</{invoke}>
+</{calls}>
 
 String parameters should be specified as is and set `string="true"`. \
 For all other types (numbers, booleans, arrays, objects), \
@@ -78,10 +92,13 @@ Otherwise, output directly after </think> with tool calls or final response.
 
 ### Available Tool Schemas
 
-{schemas}
+{{schemas}}
 
 You MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.
 """
+
+
+TOOLS_TEMPLATE = tools_template(dsml_markup.V4)
 
 RESPONSE_FORMAT_HEADER = ("## Response Format:\n\n"
                           "You MUST strictly adhere to the following schema to reply:\n")
@@ -99,7 +116,7 @@ def is_v4_vocab(token_to_id: Callable[[str], int | None]) -> bool:
 
 
 @dataclass(frozen=True)
-class _Call:
+class Call:
     """An assistant's tool call, its arguments already decoded to a dict."""
 
     id: str | None
@@ -117,7 +134,7 @@ class _Block:
 
 
 @dataclass
-class _Turn:
+class Turn:
     """One message of the merged list. `blocks` only on user turns; `reasoning` and `calls`
     only on assistant turns; `tools` and `response_format` only on the first system turn."""
 
@@ -125,7 +142,7 @@ class _Turn:
     text: str = ""
     blocks: list[_Block] = field(default_factory=list)
     reasoning: str = ""
-    calls: list[_Call] = field(default_factory=list)
+    calls: list[Call] = field(default_factory=list)
     tools: list[dict] | None = None
     response_format: dict | None = None
 
@@ -163,9 +180,7 @@ def _encode(messages, thinking: bool, reasoning_effort: str | None, tools, respo
     if reasoning_effort not in REASONING_EFFORTS:
         raise ValueError(f"reasoning_effort must be one of {REASONING_EFFORTS}, "
                          f"not {reasoning_effort!r}")
-    turns = _merge([_validate(m, i) for i, m in enumerate(_list(messages))])
-    _attach(turns, _functions(tools), response_format)
-    _order_results(turns)
+    turns = to_turns(messages, tools, response_format)
     drop = not any(t.tools for t in turns)          # tools anywhere turn drop_thinking off
     if thinking and drop:
         turns = _drop_old_developers(turns)
@@ -176,6 +191,18 @@ def _encode(messages, thinking: bool, reasoning_effort: str | None, tools, respo
 
 
 # --- validation: OpenAI dicts to turns ------------------------------------------------------
+
+def to_turns(messages, tools, response_format,
+             decode: Callable[[object], dict] | None = None) -> list[Turn]:
+    """The merged turns of `messages`, the tools and response format on the first system
+    turn, each user turn's results in call order. `decode`: a call's arguments to a
+    dict (by default the V4 format's rule, `arguments`). ValueError on bad input."""
+    decode = decode or arguments
+    turns = _merge([_validate(m, i, decode) for i, m in enumerate(_list(messages))])
+    _attach(turns, _functions(tools), response_format)
+    _order_results(turns)
+    return turns
+
 
 def _list(messages) -> list:
     if not isinstance(messages, list):
@@ -190,7 +217,7 @@ def _text(message: dict, key: str, where: str) -> str:
     raise ValueError(f"{where}.{key} must be text or null, not {type(value).__name__}")
 
 
-def _validate(message, i: int) -> _Turn:
+def _validate(message, i: int, decode: Callable[[object], dict]) -> Turn:
     where = f"messages[{i}]"
     if not isinstance(message, dict):
         raise ValueError(f"{where} must be an object, not {type(message).__name__}")
@@ -202,29 +229,30 @@ def _validate(message, i: int) -> _Turn:
         tool_use_id = message.get("tool_call_id")
         if tool_use_id is not None and not isinstance(tool_use_id, str):
             raise ValueError(f"{where}.tool_call_id must be text")
-        return _Turn("tool", blocks=[_Block(text, result=True, tool_use_id=tool_use_id)])
+        return Turn("tool", blocks=[_Block(text, result=True, tool_use_id=tool_use_id)])
     if role == "user":
-        return _Turn("user", blocks=[_Block(text)])
+        return Turn("user", blocks=[_Block(text)])
     if role == "assistant":
         calls = message.get("tool_calls") or []
         if not isinstance(calls, list):
             raise ValueError(f"{where}.tool_calls must be a list")
-        return _Turn("assistant", text, reasoning=_text(message, "reasoning_content", where),
-                     calls=[_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(calls)])
-    return _Turn(role, text)
+        return Turn("assistant", text, reasoning=_text(message, "reasoning_content", where),
+                     calls=[_call(c, f"{where}.tool_calls[{j}]", decode)
+                            for j, c in enumerate(calls)])
+    return Turn(role, text)
 
 
-def _call(call, where: str) -> _Call:
+def _call(call, where: str, decode: Callable[[object], dict]) -> Call:
     function = call.get("function") if isinstance(call, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(name, str) or not name:
         raise ValueError(f"{where}.function.name must be a non-empty string")
     call_id = call.get("id")
-    return _Call(call_id if isinstance(call_id, str) else None, name,
-                 _arguments(function.get("arguments")))
+    return Call(call_id if isinstance(call_id, str) else None, name,
+                decode(function.get("arguments")))
 
 
-def _arguments(raw) -> dict:
+def arguments(raw) -> dict:
     """A call's arguments as the format reads them: the JSON object, or
     {"arguments": raw} when the text is not a JSON object."""
     if raw is None:
@@ -254,27 +282,27 @@ def _functions(tools) -> list[dict] | None:
 
 # --- preprocessing ---------------------------------------------------------------------------
 
-def _merge(turns: list[_Turn]) -> list[_Turn]:
+def _merge(turns: list[Turn]) -> list[Turn]:
     """Tool and user turns join a user turn right before them; a tool turn with none
     becomes a user turn of its own."""
-    merged: list[_Turn] = []
+    merged: list[Turn] = []
     for turn in turns:
         if turn.role in ("user", "tool") and merged and merged[-1].role == "user":
             merged[-1].blocks.extend(turn.blocks)
         else:
-            merged.append(_Turn("user", blocks=turn.blocks) if turn.role == "tool" else turn)
+            merged.append(Turn("user", blocks=turn.blocks) if turn.role == "tool" else turn)
     return merged
 
 
-def _attach(turns: list[_Turn], tools: list[dict] | None, response_format) -> None:
+def _attach(turns: list[Turn], tools: list[dict] | None, response_format) -> None:
     if not tools and not response_format:
         return
     if not turns or turns[0].role != "system":
-        turns.insert(0, _Turn("system"))
+        turns.insert(0, Turn("system"))
     turns[0].tools, turns[0].response_format = tools, response_format
 
 
-def _order_results(turns: list[_Turn]) -> None:
+def _order_results(turns: list[Turn]) -> None:
     """Tool results of a user turn, in their own slots, sorted by the position of their
     call in the latest earlier assistant turn (unknown ids count as position 0)."""
     rank: dict[str, int] = {}
@@ -290,7 +318,7 @@ def _order_results(turns: list[_Turn]) -> None:
             turn.blocks[j] = block
 
 
-def _positions(calls: list[_Call]) -> dict[str, int]:
+def _positions(calls: list[Call]) -> dict[str, int]:
     """Call id -> its position among the calls; a repeated id keeps its first position."""
     positions: dict[str, int] = {}
     for n, call in enumerate(calls):
@@ -299,12 +327,12 @@ def _positions(calls: list[_Call]) -> dict[str, int]:
     return positions
 
 
-def _last_user(turns: list[_Turn]) -> int:
+def _last_user(turns: list[Turn]) -> int:
     """Index of the last user or developer turn; -1 when there is none."""
     return max((i for i, t in enumerate(turns) if t.role in ("user", "developer")), default=-1)
 
 
-def _drop_old_developers(turns: list[_Turn]) -> list[_Turn]:
+def _drop_old_developers(turns: list[Turn]) -> list[Turn]:
     """Thinking with drop_thinking: developer turns before the last user/developer turn go.
     (Earlier assistants lose their reasoning too, which _render does by not writing it.)"""
     last = _last_user(turns)
@@ -313,33 +341,36 @@ def _drop_old_developers(turns: list[_Turn]) -> list[_Turn]:
 
 # --- rendering: `content` wraps each piece of the client's text --------------------------------
 
-def _render(turns: list[_Turn], i: int, last: int, thinking: bool, drop: bool,
+def _render(turns: list[Turn], i: int, last: int, thinking: bool, drop: bool,
             content: Callable[[str], str]) -> str:
     turn = turns[i]
     if turn.role == "system":
-        return content(turn.text) + _suffix(turn, content)
+        return content(turn.text) + render_suffix(turn, content)
     if turn.role == "assistant":
         thinks = thinking and (not drop or i > last)
         thought = content(turn.reasoning) + END_THINK if thinks else ""
-        return thought + content(turn.text) + _tool_calls(turn.calls, content) + EOS
-    body = USER + (content(turn.text) + _suffix(turn, content) if turn.role == "developer"
-                   else _blocks(turn, content))
+        return thought + content(turn.text) + render_calls(turn.calls, content) + EOS
+    body = USER + (content(turn.text) + render_suffix(turn, content)
+                   if turn.role == "developer" else render_blocks(turn, content))
     if i + 1 < len(turns) and turns[i + 1].role != "assistant":
         return body
     return body + ASSISTANT + (THINK if thinking and (not drop or i >= last) else END_THINK)
 
 
-def _suffix(turn: _Turn, content: Callable[[str], str]) -> str:
+def render_suffix(turn: Turn, content: Callable[[str], str],
+                  markup: Markup = dsml_markup.V4) -> str:
+    """What follows a system (or developer) turn's text: its tools, its response format."""
     text = ""
     if turn.tools:
-        text += "\n\n" + TOOLS_TEMPLATE.format(
+        text += "\n\n" + tools_template(markup).format(
             schemas="\n".join(content(to_json(f)) for f in turn.tools))
     if turn.response_format:
         text += "\n\n" + RESPONSE_FORMAT_HEADER + content(to_json(turn.response_format))
     return text
 
 
-def _blocks(turn: _Turn, content: Callable[[str], str]) -> str:
+def render_blocks(turn: Turn, content: Callable[[str], str]) -> str:
+    """A user turn's text and tool results, "\\n\\n" between them."""
     return "\n\n".join(f"<tool_result>{content(_result(b.text))}</tool_result>" if b.result
                        else content(b.text) for b in turn.blocks)
 
@@ -349,20 +380,22 @@ def _result(text: str) -> str:
     return RESULT_TAG.sub("&lt;", text)
 
 
-def _tool_calls(calls: list[_Call], content: Callable[[str], str]) -> str:
+def render_calls(calls: list[Call], content: Callable[[str], str],
+                 markup: Markup = dsml_markup.V4) -> str:
+    """An assistant's calls as one block after "\\n\\n"; "" without calls."""
     if not calls:
         return ""
-    invokes = "\n".join(_invoke(c, content) for c in calls)
-    return f"{TOOL_CALLS_START}>\n{invokes}\n</{DSML}tool_calls>"
+    invokes = "\n".join(_invoke(c, content, markup) for c in calls)
+    return f"{markup.calls_start}>\n{invokes}\n{markup.calls_close}"
 
 
-def _invoke(call: _Call, content: Callable[[str], str]) -> str:
-    params = "\n".join(_parameter(k, v, content) for k, v in call.arguments.items())
-    return f'<{DSML}invoke name="{content(call.name)}">\n{params}\n</{DSML}invoke>'
+def _invoke(call: Call, content: Callable[[str], str], markup: Markup) -> str:
+    params = "\n".join(_parameter(k, v, content, markup) for k, v in call.arguments.items())
+    return f'{markup.invoke_open}{content(call.name)}">\n{params}\n{markup.invoke_close}'
 
 
-def _parameter(key: str, value, content: Callable[[str], str]) -> str:
+def _parameter(key: str, value, content: Callable[[str], str], markup: Markup) -> str:
     is_text = isinstance(value, str)
     text = value if is_text else to_json(value)
-    return (f'<{DSML}parameter name="{content(key)}" '
-            f'string="{"true" if is_text else "false"}">{content(text)}</{DSML}parameter>')
+    return (f'{markup.param_open}{content(key)}" '
+            f'string="{"true" if is_text else "false"}">{content(text)}{markup.param_close}')

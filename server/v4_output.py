@@ -1,4 +1,5 @@
-"""Generated text to reasoning, content and tool calls, as the DeepSeek V4 format reads it.
+"""Generated text to reasoning, content and tool calls, as DeepSeek's V4 and V4.1 formats
+read it (they differ in their DSML tag names alone: server/dsml_markup.py).
 
 The parser is incremental. Its invariant: the concatenation of everything that feed() and
 finish() release depends only on the whole text, never on how it was split. To keep it, every
@@ -13,6 +14,8 @@ and a text parameter's key as soon as its kind is read, the text value as it com
 the invoke's close. A call's pieces join to the arguments of the format's rule.
 
     [<think>] reasoning </think> content \\n\\n<｜DSML｜tool_calls>...</｜DSML｜tool_calls> more
+
+(V4.1: \\n\\n<｜DSML｜ calls>...</｜DSML｜ calls>, its invoke and parameter tags likewise.)
 
 Calls are read in the content only: the reasoning ends at "</think>" alone, as the
 grammars that govern an output read it (runtime/text/grammar.Reasoning), so a block the
@@ -40,21 +43,16 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from server.v4_encoding import DSML, END_THINK, THINK, TOOL_CALLS_START, to_json
+from server import dsml_markup
+from server.dsml_markup import Markup
+from server.v4_encoding import END_THINK, THINK, to_json
 
-CALLS_OPEN = f"<{DSML}tool_calls"
-CALLS_CLOSE = f"</{DSML}tool_calls>"
-INVOKE_OPEN = f'<{DSML}invoke name="'
-INVOKE_CLOSE = f"</{DSML}invoke>"
-PARAM_OPEN = f'<{DSML}parameter name="'
-PARAM_CLOSE = f"</{DSML}parameter>"
 STRING_TRUE = '" string="true">'
 STRING_FALSE = '" string="false">'
 NAME_END = '">'
 
 SPACE = " \t\r\n"                    # what may stand between the tags of a block
 NAME_STOP = re.compile(r'["<>\n]')   # a name ends at '"'; the others break the grammar
-JSON_STOP = re.compile('"|' + re.escape(PARAM_CLOSE))   # a JSON value's string, or its end
 # in a JSON string: its end, an escape, or a control character (which no string holds raw)
 STRING_STOP = re.compile(r'["\\\x00-\x1f]')
 
@@ -87,7 +85,7 @@ class Section(enum.Enum):
 class Step(enum.Enum):
     """Where a block's reader stands; each step names what it expects next."""
 
-    OPEN = "open"              # ">" closing "<｜DSML｜tool_calls"
+    OPEN = "open"              # ">" closing the block's opening tag
     CALLS = "calls"            # an invoke, or the block's close
     CALL_NAME = "call_name"
     CALL_NAME_END = "call_name_end"
@@ -130,7 +128,8 @@ def json_value(text: str) -> bool:
 
 
 class Block:
-    """Reads one tool-calls block from just after "<｜DSML｜tool_calls". The grammar:
+    """Reads one tool-calls block from just after its opening tag ("<｜DSML｜tool_calls";
+    V4.1 "<｜DSML｜ calls", `markup` says which). The grammar, in V4's tags:
 
         >  { <｜DSML｜invoke name="N">
                { <｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter> }
@@ -145,7 +144,8 @@ class Block:
     text if the grammar breaks."""
 
     def __init__(self, opening: str, names: Collection[str] | None = None,
-                 room: int | None = None):
+                 room: int | None = None, markup: Markup = dsml_markup.V4):
+        self.markup = markup
         self.step = Step.OPEN
         self.raw = [opening]
         self.names, self.room = names, room
@@ -184,13 +184,13 @@ class Block:
         self.out.append((None, piece))
 
     def _read(self, text: str, pos: int) -> tuple[int, Outcome]:
-        step = self.step
+        step, m = self.step, self.markup
         if step is Step.OPEN:
             return self._expect(text, pos, {">": Step.CALLS})
         if step is Step.CALLS:
             full = self.room is not None and self.released >= self.room
-            options = {CALLS_CLOSE: None} if full else \
-                {INVOKE_OPEN: Step.CALL_NAME, CALLS_CLOSE: None}    # full: an invoke breaks
+            options = {m.calls_close: None} if full else \
+                {m.invoke_open: Step.CALL_NAME, m.calls_close: None}    # full: an invoke breaks
             return self._expect(text, _skip(text, pos), options)
         if step is Step.CALL_NAME:
             return self._name(text, pos, Step.CALL_NAME_END)
@@ -198,7 +198,7 @@ class Block:
             return self._expect(text, pos, {NAME_END: Step.PARAMS})
         if step is Step.PARAMS:
             return self._expect(text, _skip(text, pos),
-                                {PARAM_OPEN: Step.PARAM_NAME, INVOKE_CLOSE: Step.CALLS})
+                                {m.param_open: Step.PARAM_NAME, m.invoke_close: Step.CALLS})
         if step is Step.PARAM_NAME:
             return self._name(text, pos, Step.PARAM_KIND)
         if step is Step.PARAM_KIND:
@@ -225,7 +225,7 @@ class Block:
             self.params, self.written = set(), 0
             self.released += 1
             self.out.append((self.name, ""))
-        if literal == INVOKE_CLOSE:
+        if literal == self.markup.invoke_close:
             self._arguments("}" if self.written else "{}")
             return Outcome.CALL
         if step is Step.VALUE:
@@ -264,8 +264,9 @@ class Block:
     def _value(self, text: str, pos: int) -> tuple[int, Outcome]:
         if not self.is_string:
             return self._json(text, pos)
-        close = text.find(PARAM_CLOSE, pos)
-        end = close if close >= 0 else len(text) - held(text, pos, (PARAM_CLOSE,))
+        param_close = self.markup.param_close
+        close = text.find(param_close, pos)
+        end = close if close >= 0 else len(text) - held(text, pos, (param_close,))
         if end > pos:                                   # streamed as it comes
             self._arguments(to_json(text[pos:end])[1:-1])
         if close < 0:
@@ -273,17 +274,17 @@ class Block:
         self._arguments('"')
         self.open_string = False
         self.step = Step.PARAMS
-        return close + len(PARAM_CLOSE), Outcome.MOVED
+        return close + len(param_close), Outcome.MOVED
 
     def _json(self, text: str, pos: int) -> tuple[int, Outcome]:
         """A JSON value, whole once its close is read: the close counts outside the
         value's strings only, and a string that holds a control character breaks it."""
-        at, close = pos, -1
+        at, close, m = pos, -1, self.markup
         while close < 0:
-            stop = (STRING_STOP if self.quoted else JSON_STOP).search(text, at)
+            stop = (STRING_STOP if self.quoted else m.json_stop).search(text, at)
             if stop is None:
                 at = len(text) if self.quoted else \
-                    len(text) - held(text, at, (PARAM_CLOSE,))
+                    len(text) - held(text, at, (m.param_close,))
                 break
             char = stop.group()
             if char == '"':
@@ -301,7 +302,7 @@ class Block:
         if close < 0:
             return at, Outcome.MORE
         value, self.pieces = "".join(self.pieces), []
-        end = close + len(PARAM_CLOSE)
+        end = close + len(m.param_close)
         if not json_value(value):
             return end, Outcome.BROKEN
         self._arguments(self._key() + value)
@@ -327,12 +328,14 @@ class V4OutputParser:
     reasoning: the prompt opened a thinking block, so the text up to "</think>" is reasoning
     (all of it, if "</think>" never comes); `split`: it is released as reasoning, else as
     content, tags and all (no reasoning parser: only where calls are read changes).
-    tools: DSML tool-call blocks in the content are parsed, each call naming one of
-    `names` (None: any name), and a second call taken only with `parallel`."""
+    tools: DSML tool-call blocks (in `markup`'s tags) in the content are parsed, each call
+    naming one of `names` (None: any name), and a second call taken only with `parallel`."""
 
     def __init__(self, *, reasoning: bool, tools: bool, split: bool = True,
-                 names: Collection[str] | None = None, parallel: bool = True):
+                 names: Collection[str] | None = None, parallel: bool = True,
+                 markup: Markup = dsml_markup.V4):
         self._tools, self._split = tools, split
+        self._markup = markup
         self._names = frozenset(names) if names is not None else None
         self._parallel = parallel
         self._section = Section.CONTENT if not reasoning else \
@@ -383,21 +386,22 @@ class V4OutputParser:
         """What ends the current run of reasoning or content."""
         if self._section is Section.REASONING:
             return (END_THINK,)
-        return (CALLS_OPEN,) if self._tools else ()
+        return (self._markup.calls_open,) if self._tools else ()
 
     def _scan(self) -> bool:
         """Reasoning or content up to the first delimiter; the undecided suffix stays."""
         text, pos, delimiters = self._text, self._pos, self._delimiters()
+        calls_open = self._markup.calls_open
         hits = [(at, d) for d in delimiters if (at := text.find(d, pos)) >= 0]
         if not hits:
-            undecided = (*delimiters, TOOL_CALLS_START) if CALLS_OPEN in delimiters \
+            undecided = (*delimiters, self._markup.calls_start) if calls_open in delimiters \
                 else delimiters
             stop = len(text) - (0 if self._final else held(text, pos, undecided))
             self._emit(self._section, text[pos:stop])
             self._pos = stop
             return False
         at, delimiter = min(hits)
-        start = _opening(text, pos, at) if delimiter == CALLS_OPEN else at
+        start = _opening(text, pos, at) if delimiter == calls_open else at
         self._emit(self._section, text[pos:start])
         self._pos = at + len(delimiter)
         if delimiter == END_THINK:
@@ -405,7 +409,7 @@ class V4OutputParser:
             self._section = Section.CONTENT
         else:
             room = None if self._parallel else 1 - self._calls
-            self._block = Block(text[start:self._pos], self._names, room)
+            self._block = Block(text[start:self._pos], self._names, room, self._markup)
             self._section = Section.BLOCK
         return True
 
