@@ -12,6 +12,9 @@ the sizes are contract/entry_formats.py's.
     fp8       FP8 e4m3 values, one float32 scale a row (amax/448)   width + 4: 132 at 128
     fp4       FP4 e2m1 codes, two a byte (low nibble first), a      width / 2 + width / 32:
               power-of-two scale (e8m0) per 32 values               68 at 128
+    fp8_32    V4.1's window KV, fp4_16 its compressed KV, fp4_32 its index keys and
+    fp4_16    queries: whole rows, no rotation (runtime/model/v41_formats.py)
+    fp4_32
 
 A stored row is bytes [..., nbytes] (uint8) laid out in that order: values, then the
 RoPE part (fp8_ds), then scales, then zero padding. The scales follow the release's
@@ -28,6 +31,7 @@ import torch
 
 from contract.abi import PoolGroup
 from contract.entry_formats import FP4_BLOCK, FP8_BLOCK, entry_bytes
+from runtime.model import v41_formats
 from runtime.model.quant import e2m1_values
 
 FP8_MAX, FP4_MAX = 448.0, 6.0
@@ -68,7 +72,9 @@ class EntryFormat:
         if self.name == "compute":
             return values.to(self.dtype)
         values = hadamard(values.float()) if self.rotated else values.float()
-        if self.name == "fp8_ds":
+        if self.name in v41_formats.FORMATS:
+            parts = v41_formats.encode(self.name, values)
+        elif self.name == "fp8_ds":
             nope = self.width - self.rope
             codes, scales = _fp8_blocks(values[..., :nope])
             rope = values[..., nope:].to(torch.bfloat16).contiguous().view(torch.uint8)
@@ -95,6 +101,8 @@ class EntryFormat:
             return stored
         lead = stored.shape[:-1]
         work = self.dtype if self.dtype in (torch.bfloat16, torch.float32) else torch.float32
+        if self.name in v41_formats.FORMATS:
+            return v41_formats.decode(self.name, stored, self.width, work).to(self.dtype)
         out = torch.empty(*lead, self.width, dtype=work, device=stored.device)
         if self.name == "fp8_ds":       # codes converted as copied into place, then scaled
             nope = self.width - self.rope
@@ -140,7 +148,10 @@ def index_queries(keys: EntryFormat, q: torch.Tensor) -> torch.Tensor:
     """The indexer's queries [..., dim] in the basis and precision of its keys (format
     `keys`): rotated and through the keys' quantization when they are (the release
     rotates its indexer's queries and keys and simulates FP4 on both; the rotation
-    alone would cancel in the scores); as they are otherwise."""
+    alone would cancel in the scores); V4.1's through its keys' format, unrotated; as
+    they are otherwise."""
+    if keys.name in v41_formats.FORMATS:
+        return keys.round_trip(q).to(q.dtype)
     if not keys.rotated:
         return q
     plain = EntryFormat(keys.name, keys.width, 0, keys.dtype)

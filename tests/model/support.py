@@ -406,3 +406,22 @@ class V41Driver:
         """Logits [len(ids), vocab] of ids appended to a request, `chunk` per launch."""
         return torch.cat([self.launch({request: ids[at:at + chunk]})[request]
                           for at in range(0, len(ids), chunk)])
+
+
+V41_SERVED = {"ori": "fp8_32", "cmp_c": "fp4_16", "idx_c": "fp4_32"}   # by group prefix
+
+
+def v41_served(groups: dict) -> dict:
+    """`groups` storing V4.1's served formats (window fp8_32, compressed KV fp4_16, index
+    keys fp4_32; the compressor state as it is), as specs/deepseek-v41-flash.yaml does."""
+    import dataclasses
+
+    from contract.entry_formats import entry_bytes
+
+    def fmt(name: str) -> str:
+        return next((f for prefix, f in V41_SERVED.items() if name.startswith(prefix)),
+                    "compute")
+
+    return {n: dataclasses.replace(g, format=fmt(n),
+                                   entry_bytes=entry_bytes(fmt(n), g.row_width, 0, 4))
+            for n, g in groups.items()}
