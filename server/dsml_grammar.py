@@ -2,7 +2,9 @@
 held to the request's tools (llguidance Lark; runtime/text/grammar.py compiles it).
 
 Outside a block the text is free. Once the model opens one (`<｜DSML｜tool_calls`), the rest
-of the block is the format's grammar (server/v4_output.Block) over the request's tools:
+of the block is the format's grammar (server/v4_output.Block) over the request's tools,
+here in V4's tags (V4.1's put a space before each name and call the block " calls":
+server/dsml_markup.py; `markup` picks them):
 
     >  { <｜DSML｜invoke name="TOOL">
            { <｜DSML｜parameter name="KEY" string="true|false">VALUE</｜DSML｜parameter> }
@@ -38,7 +40,8 @@ from __future__ import annotations
 
 import json
 
-from server.v4_encoding import DSML
+from server import dsml_markup
+from server.dsml_markup import DSML, Markup
 
 # between the tags of a block: the newlines the format writes (one; two in a call without
 # parameters). The parser takes any whitespace there; a constrained model free to add
@@ -56,23 +59,25 @@ ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "｜": "\\uff5c"})
 class DsmlGrammar:
     """The Lark text of one request's auto-mode grammar. `dsml_id`: the vocabulary's
     "｜DSML｜" token, or None when the markup is text; `parallel`: an output may hold
-    more than one call."""
+    more than one call; `markup`: the format's tags."""
 
     def __init__(self, tools: list[dict], dsml_id: int | None, parallel: bool = True,
-                 schemas: bool = True):
+                 schemas: bool = True, markup: Markup = dsml_markup.V4):
         self.tools, self.dsml_id, self.parallel = tools, dsml_id, parallel
         self.schemas = schemas         # False: tool names only, any parameters
+        self.markup = markup
         self.rules: list[str] = []
 
     def lark(self) -> str:
-        free = _without(r"(?s:.*)", DSML if self.dsml_id is not None else f"<{DSML}tool_calls")
+        m = self.markup
+        free = _without(r"(?s:.*)", DSML if self.dsml_id is not None else m.calls_open)
         calls = [self._tool(i, t) for i, t in enumerate(self.tools)
                  if isinstance(t.get("name"), str) and _writable(t["name"])]
         calls = [c for c in calls if c is not None]
         if not calls:                  # nothing the format can call: the output is text
             return f"%llguidance {{}}\nstart: TEXT\nTEXT: {free}\n"
         repeat, blocks = ("+", "*") if self.parallel else ("", "?")
-        block = f'block: ">" ({SPACE} call){repeat} {SPACE} {self._mark("</", "tool_calls>")}'
+        block = f'block: ">" ({SPACE} call){repeat} {SPACE} {self._mark("</", m.calls + ">")}'
         return "\n".join(["%llguidance {}", f"start: (head block){blocks} TEXT", self._head(),
                           block, f"call: {' | '.join(calls)}", f"TEXT: {free}",
                           self._text_value_rule(), f"PARAM_NAME: {_without(NAME, DSML)}",
@@ -91,9 +96,8 @@ class DsmlGrammar:
         (and spells no "｜DSML｜") and the token after it; as text, the shortest text that
         ends with the opening (a lazy lexeme)."""
         if self.dsml_id is None:
-            opening = _regex(f"<{DSML}tool_calls")
-            return f"head[lazy]: /(?s:.*){opening}/"
-        return f'head: HEAD <[{self.dsml_id}]> "tool_calls"\n' \
+            return f"head[lazy]: /(?s:.*){_regex(self.markup.calls_open)}/"
+        return f"head: HEAD <[{self.dsml_id}]> {json.dumps(self.markup.calls)}\n" \
                f"HEAD: {_without('(?s:.*)<', DSML)}"
 
     def _text_value_rule(self) -> str:
@@ -101,8 +105,9 @@ class DsmlGrammar:
         close (lazy); with the token, text up to "</" (that spells no "｜DSML｜") and the
         token."""
         if self.dsml_id is None:
-            return f"text_value[lazy]: /(?s:.*){_regex(f'</{DSML}parameter>')}/"
-        return f'text_value: TEXT_VALUE <[{self.dsml_id}]> "parameter>"\n' \
+            return f"text_value[lazy]: /(?s:.*){_regex(self.markup.param_close)}/"
+        close = json.dumps(self.markup.parameter + ">")
+        return f"text_value: TEXT_VALUE <[{self.dsml_id}]> {close}\n" \
                f"TEXT_VALUE: {_without('(?s:.*)</', DSML)}"
 
     def _tool(self, index: int, tool: dict) -> str | None:
@@ -114,8 +119,9 @@ class DsmlGrammar:
             else self._any(rule)
         if params is None:
             return None
-        opening = self._mark("<", f'invoke name="{tool["name"]}">')
-        self.rules.append(f'{rule}: {opening} {params} {SPACE} {self._mark("</", "invoke>")}')
+        invoke = self.markup.invoke
+        opening = self._mark("<", f'{invoke} name="{tool["name"]}">')
+        self.rules.append(f'{rule}: {opening} {params} {SPACE} {self._mark("</", invoke + ">")}')
         return rule
 
     def _params(self, rule: str, schema: dict) -> str | None:
@@ -139,7 +145,7 @@ class DsmlGrammar:
     def _any(self, rule: str) -> str:
         """Any parameters: a name, then a text or a JSON value."""
         name = f"{rule}_any"
-        opening = self._mark("<", 'parameter name="')
+        opening = self._mark("<", f'{self.markup.parameter} name="')
         self.rules.append(f"{name}: {SPACE} {opening} PARAM_NAME ({TEXT_KIND} text_value"
                           f" | {JSON_KIND} %json {{}} {self._close()})")
         return f"{name}*"
@@ -147,7 +153,7 @@ class DsmlGrammar:
     def _param(self, key: str, schema) -> str | None:
         """One parameter, as the value's schema allows it to be written (None: it allows
         no value)."""
-        opening = self._mark("<", f'parameter name="{key}')
+        opening = self._mark("<", f'{self.markup.parameter} name="{key}')
         listed = _listed(schema)
         if listed is not None:
             texts = [v for v in listed if isinstance(v, str) and DSML not in v]
@@ -165,7 +171,7 @@ class DsmlGrammar:
         return f"{opening} ({' | '.join(kinds)})"
 
     def _close(self) -> str:
-        return self._mark("</", "parameter>")
+        return self._mark("</", self.markup.parameter + ">")
 
 
 def _literal(text: str) -> str:
