@@ -572,11 +572,7 @@ def _tokenized(state: ServerState, req: TokenizeRequest) -> bytes:
     encoding it whole, as on the completions routes."""
     limit = state.max_model_len
     if req.messages is not None:
-        tools = [t.function.model_dump(exclude_none=True) for t in req.tools or []]
-        kwargs = chat.template_kwargs(req, state.chat_options)
-        ids = chat.render(state.tokenizer, [m.as_dict() for m in req.messages],
-                          thinking=chat.thinking_of(req, kwargs), effort=chat.effort_of(req),
-                          tools=tools, extra=kwargs, limit=limit)
+        ids = chat.render_request(state.tokenizer, req, state.chat_options, limit)
     elif req.prompt is not None:
         _check_text_size(state, req.prompt, "prompt", limit)
         ids = state.tokenizer.encode(req.prompt)

@@ -1,9 +1,13 @@
 """A chat request as the engine runs it: the prompt, and how its output is to be read.
 
-The prompt: a V4 checkpoint (its tokenizer carries the V4 special tokens) is encoded by
-the V4 chat format (server/v4_encoding.py): thinking or not, reasoning effort, tools and
-tool calls in DSML. Any other checkpoint uses its Jinja chat template (given `tools`,
-`thinking` and the request's chat_template_kwargs), or a plain fallback. Either way the
+The prompt: a DeepSeek checkpoint is encoded by its family's chat format, V4's
+(server/v4_encoding.py) or V4.1's (server/v41_encoding.py), where its tokenizer carries the
+format's special tokens: thinking or not, reasoning effort, tools and tool calls in DSML.
+The family is the spec's (ModelArgs.family: a V4.1 config is model_type
+deepseek_v41_text), else the parser flags' (deepseek_v4 or deepseek_v41), else V4; a
+parser of the other family's format is refused when the server starts. Any other
+checkpoint uses its Jinja chat template (given `tools`, `thinking` and the request's
+chat_template_kwargs), or a plain fallback. Either way the
 client's text is tokenized as plain text: only the renderer's own markup yields control
 tokens (server/content_marks.py), so a message, a tool definition or a template argument
 cannot forge a turn or a tool call.
@@ -36,30 +40,83 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache, partial
+from types import ModuleType
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from contract.model_args import V4, V41
+from contract.v41_config import is_v41
 from runtime.text.grammar import ANYTHING, Reasoning, StructuredOutputs
 from runtime.text.tokenizer import Tokenizer
-from server import v4_encoding
+from server import dsml_markup, v4_encoding, v41_encoding
 from server.content_marks import ContentMarks, Segment
 from server.dsml_grammar import DsmlGrammar
+from server.dsml_markup import Markup
 from server.protocol import APIError, ChatCompletionRequest, bad_request
 
 FALLBACK = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
             "{% if add_generation_prompt %}assistant:{% endif %}")
 # OpenAI's and the DeepSeek API's efforts -> the V4 format's (None, "high" or "max")
 EFFORTS = {"low": "high", "medium": "high", "high": "high", "xhigh": "max", "max": "max"}
+# -> the V4.1 format's tiers (low 50, high 75, max 100): OpenAI's medium and xhigh, which
+# its encoder does not name, to the tier above them (as V4's mapping rounds up)
+V41_EFFORTS = {"low": "low", "medium": "high", "high": "high", "xhigh": "max", "max": "max"}
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """A DeepSeek chat format: its encoder (encode_segments), its DSML tags, and whether
+    a vocabulary holds its control tokens (else the checkpoint's template applies)."""
+
+    name: str
+    encoder: ModuleType
+    markup: Markup
+    has_tokens: Callable[[Callable[[str], int | None]], bool]
+
+
+# by family; a parser flag names the format it reads
+FORMATS = {V4: ChatFormat("V4", v4_encoding, dsml_markup.V4, v4_encoding.is_v4_vocab),
+           V41: ChatFormat("V4.1", v41_encoding, dsml_markup.V41, v41_encoding.is_v41_vocab)}
 
 
 @dataclass(frozen=True)
 class ChatOptions:
-    """The server's flags for reading chat outputs (vLLM's names)."""
+    """The server's flags for reading chat outputs (vLLM's names), and the model's family
+    (contract/model_args: "deepseek_v4" or "deepseek_v41"; None where unknown). ValueError
+    for a parser that does not read the family's format."""
 
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
     default_chat_template_kwargs: dict | None = None    # a request's own override them
+    family: str | None = None
+
+    def __post_init__(self) -> None:
+        for flag, parser in (("--reasoning-parser", self.reasoning_parser),
+                             ("--tool-call-parser", self.tool_call_parser)):
+            if parser is None:
+                continue
+            if parser not in FORMATS:
+                raise ValueError(f"{flag} {parser!r} is none of {', '.join(FORMATS)}")
+            if parser != self.chat_format:
+                other = FORMATS[self.chat_format].name
+                why = f"this model is DeepSeek {other}" if self.family else \
+                    f"the other parser reads DeepSeek {other}'s"
+                raise ValueError(f"{flag} {parser} reads DeepSeek {FORMATS[parser].name}'s "
+                                 f"chat format, but {why}: use {flag} {self.chat_format}")
+
+    @property
+    def chat_format(self) -> str:
+        """The format prompts are encoded in and outputs read in: the family's, else
+        the parsers' (V4.1 if either names it), else V4's."""
+        if self.family is not None:
+            return self.family
+        return V41 if V41 in (self.reasoning_parser, self.tool_call_parser) else V4
+
+
+def family_of(spec) -> str:
+    """A spec's model family, from its architecture's config."""
+    return V41 if is_v41(spec.architecture.CONFIG) else V4
 
 
 @dataclass(frozen=True)
@@ -83,6 +140,7 @@ def plan(tokenizer: Tokenizer, req: ChatCompletionRequest, options: ChatOptions,
          limit: int | None = None) -> ChatPlan:
     """The request's prompt and how to read its output; a 400 when the prompt certainly
     holds more than `limit` tokens (found before it is encoded whole)."""
+    chat_format = options.chat_format
     mode, name = _tool_mode(req, options)
     structured = _tool_constraint(req, mode, name)
     asked = req.structured()
@@ -94,10 +152,7 @@ def plan(tokenizer: Tokenizer, req: ChatCompletionRequest, options: ChatOptions,
     auto = mode == "auto" and asked is None
     fallback = None
     if auto:                                  # free text, and calls held to the tools
-        structured, fallback = (StructuredOutputs(grammar=DsmlGrammar(
-            tools, tokenizer.token_id(v4_encoding.DSML),
-            parallel=req.parallel_tool_calls is not False, schemas=schemas).lark())
-            for schemas in (True, False))
+        structured, fallback = _auto(tokenizer, req, tools, FORMATS[chat_format].markup)
     structured = structured or asked
     kwargs = template_kwargs(req, options)
     thinking = thinking_of(req, kwargs)
@@ -107,14 +162,26 @@ def plan(tokenizer: Tokenizer, req: ChatCompletionRequest, options: ChatOptions,
         structured = _after_reasoning(tokenizer, structured, req.thinking_token_budget)
         if fallback is not None:
             fallback = _after_reasoning(tokenizer, fallback, req.thinking_token_budget)
-    ids = render(tokenizer, [m.as_dict() for m in req.messages], thinking=thinking,
-                 effort=effort_of(req), tools=tools, extra=kwargs, limit=limit)
+    ids = render(tokenizer, messages_of(req, chat_format), thinking=thinking,
+                 effort=effort_of(req, chat_format, kwargs), tools=tools, extra=kwargs,
+                 limit=limit, chat_format=chat_format)
     names = (name,) if mode == "named" else tuple(t["name"] for t in tools)
     # under the client's own constraint a V4 vocabulary's output cannot hold the token
     # (its strings are text): "｜DSML｜" there is spelled out, never a call
     read_calls = auto or tokenizer.token_id(v4_encoding.DSML) is None
     return ChatPlan(ids, thinking, mode, name, structured, fallback, names,
                     req.parallel_tool_calls is not False, read_calls)
+
+
+def _auto(tokenizer: Tokenizer, req: ChatCompletionRequest, tools: list[dict],
+          markup: Markup) -> tuple[StructuredOutputs, StructuredOutputs]:
+    """Auto mode's grammar (free text, call blocks held to the tools' schemas), and its
+    fallback holding the calls to the tools' names only."""
+    structured, fallback = (StructuredOutputs(grammar=DsmlGrammar(
+        tools, tokenizer.token_id(v4_encoding.DSML),
+        parallel=req.parallel_tool_calls is not False, schemas=schemas,
+        markup=markup).lark()) for schemas in (True, False))
+    return structured, fallback
 
 
 def _after_reasoning(tokenizer: Tokenizer, structured: StructuredOutputs | None,
@@ -150,7 +217,13 @@ def thinking_of(req, kwargs: dict | None = None) -> bool:
     return value
 
 
-def effort_of(req) -> str | None:
+def effort_of(req, chat_format: str = V4, kwargs: dict | None = None) -> str | int | None:
+    """The request's reasoning effort in the format's terms. V4: reasoning_effort as one
+    of its two levels. V4.1: reasoning_effort as one of its tiers, else the template
+    arguments' reasoning_effort (`kwargs`; vLLM's way), which may also be a budget from 1
+    to 100; None: the format's default."""
+    if chat_format == V41:
+        return _v41_effort(req, kwargs or {})
     if req.reasoning_effort is None:
         return None
     if req.reasoning_effort not in EFFORTS:
@@ -159,18 +232,73 @@ def effort_of(req) -> str | None:
     return EFFORTS[req.reasoning_effort]
 
 
+def _v41_effort(req, kwargs: dict) -> str | int | None:
+    if req.reasoning_effort is not None:           # a string, by the request's schema
+        return _v41_tier(req.reasoning_effort, "reasoning_effort", budgets=False)
+    effort = kwargs.get("reasoning_effort")
+    return None if effort is None else \
+        _v41_tier(effort, "chat_template_kwargs.reasoning_effort", budgets=True)
+
+
+def _v41_tier(effort, where: str, budgets: bool) -> str | int:
+    """A V4.1 tier (or, with `budgets`, a budget 1..100); a 400 naming `where` else."""
+    if isinstance(effort, str) and effort in V41_EFFORTS:
+        return V41_EFFORTS[effort]
+    if budgets and type(effort) is int and 1 <= effort <= 100:     # a bool is no budget
+        return effort
+    also = " or an integer from 1 to 100" if budgets else ""
+    raise bad_request(f"{where} must be one of {', '.join(V41_EFFORTS)}{also}, got "
+                      f"{str(effort)[:40]!r}", where.split(".")[0])
+
+
+def messages_of(req, chat_format: str = V4) -> list[dict]:
+    """The request's messages as the encoders take them. V4.1 joins a content's text
+    parts with "\\n\\n", as its encoder joins content blocks, and refuses image parts: the
+    server runs the text model (the checkpoint's vision tower is not loaded)."""
+    if chat_format != V41:
+        return [m.as_dict() for m in req.messages]
+    return [_v41_message(m, i) for i, m in enumerate(req.messages)]
+
+
+def _v41_message(message, i: int) -> dict:
+    if not isinstance(message.content, list):
+        return message.as_dict()
+    for j, part in enumerate(message.content):
+        if part.type != "text" or part.text is None:
+            what = "an image part" if "image" in part.type else f"a {part.type[:40]!r} part"
+            raise bad_request(f"messages[{i}].content[{j}] is {what}: this server serves "
+                              "DeepSeek V4.1 as a text model (its vision tower is not "
+                              "loaded), so a message's content takes text parts only",
+                              f"messages[{i}].content[{j}]")
+    return {**message.as_dict(), "content": "\n\n".join(p.text for p in message.content)}
+
+
+def render_request(tokenizer: Tokenizer, req, options: ChatOptions,
+                   limit: int | None = None) -> list[int]:
+    """Token ids of a request's conversation (its messages, tools, thinking, effort and
+    template arguments) as a chat request renders it: /tokenize's."""
+    tools = [t.function.model_dump(exclude_none=True) for t in req.tools or []]
+    kwargs = template_kwargs(req, options)
+    chat_format = options.chat_format
+    return render(tokenizer, messages_of(req, chat_format), thinking=thinking_of(req, kwargs),
+                  effort=effort_of(req, chat_format, kwargs), tools=tools, extra=kwargs,
+                  limit=limit, chat_format=chat_format)
+
+
 def render(tokenizer: Tokenizer, messages: list[dict], *, thinking: bool = False,
-           effort: str | None = None, tools: list[dict] | None = None,
-           extra: dict | None = None, limit: int | None = None) -> list[int]:
+           effort: str | int | None = None, tools: list[dict] | None = None,
+           extra: dict | None = None, limit: int | None = None,
+           chat_format: str = V4) -> list[int]:
     """Token ids of the conversation, ending with the assistant's turn to speak; a 400
     when the rendered prompt certainly holds more than `limit` tokens."""
-    if v4_encoding.is_v4_vocab(tokenizer.token_id):
+    fmt = FORMATS[chat_format]
+    if fmt.has_tokens(tokenizer.token_id):
         try:
-            segments = v4_encoding.encode_segments(
+            segments = fmt.encoder.encode_segments(
                 messages, thinking=thinking, reasoning_effort=effort,
                 tools=[{"type": "function", "function": t} for t in tools or []])
         except (ValueError, RecursionError) as exc:
-            raise bad_request(f"the messages do not fit the V4 chat format: {exc}",
+            raise bad_request(f"the messages do not fit the {fmt.name} chat format: {exc}",
                               "messages") from None
         _check_size(tokenizer, "".join(text for text, _ in segments), limit)
         return tokenizer.encode_segments(segments)

@@ -11,8 +11,9 @@ By the plan's tool mode:
     required  the text is a JSON array of calls (server/call_array.py), each call's name
               first, then its arguments as they are written (text that leaves the array
               comes back as content)
-    auto      DSML calls are parsed out of the content (server/v4_output.py), each
-              call's name first, then its arguments in fragments as they are read
+    auto      DSML calls (in the chat format's tags: V4's or V4.1's) are parsed out of
+              the content (server/v4_output.py), each call's name first, then its
+              arguments in fragments as they are read
     none      the text is content
 and the reasoning parser, when on and the prompt opened a thinking block, splits the
 reasoning off first. Calls are read after the reasoning only (where the request's grammar
@@ -25,7 +26,7 @@ import secrets
 
 from runtime.text.growing_text import GrowingText
 from server.call_array import CallArray
-from server.chat import ChatOptions, ChatPlan
+from server.chat import FORMATS, ChatOptions, ChatPlan
 from server.v4_output import Parsed, V4OutputParser
 
 
@@ -43,7 +44,8 @@ class ChatOutput:
             # without a reasoning parser the reasoning is content, but holds no calls
             self.parser = V4OutputParser(reasoning=plan.thinking, split=self.reasoning,
                                          tools=calls, names=plan.tool_names,
-                                         parallel=plan.parallel)
+                                         parallel=plan.parallel,
+                                         markup=FORMATS[options.chat_format].markup)
         self.array = CallArray(plan.tool_names, plan.parallel) \
             if self.mode == "required" else None
         # named, required: the reasoning comes off first, the rest is the calls' text

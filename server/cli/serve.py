@@ -24,7 +24,9 @@ log = logging.getLogger("v4serve")
 # Where the API key is read from when --api-key is not given (vLLM's name first): the
 # command line is visible to every local user in `ps`, the environment is not.
 API_KEY_ENV = ("VLLM_API_KEY", "V4SERVE_API_KEY")
-PARSERS = ("deepseek_v4",)      # the reasoning and tool-call parsers (server/v4_output.py)
+# the reasoning and tool-call parsers, by the chat format they read (server/v4_output.py);
+# a parser of the other family's format than the spec's is refused at start
+PARSERS = ("deepseek_v4", "deepseek_v41")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -75,10 +77,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="seconds SIGTERM waits for requests in flight (default: 60)")
     parser.add_argument("--reasoning-parser", choices=PARSERS, default=None,
                         help="split chat outputs of a thinking prompt into reasoning_content "
-                             "and content (default: none, the text as generated)")
+                             "and content; deepseek_v4 for a DeepSeek V4 spec, deepseek_v41 "
+                             "for a V4.1 one (default: none, the text as generated)")
     parser.add_argument("--tool-call-parser", choices=PARSERS, default=None,
-                        help="parse the model's tool calls (DSML) into message.tool_calls "
-                             "(default: none)")
+                        help="parse the model's tool calls (DSML) into message.tool_calls; "
+                             "deepseek_v4 for a DeepSeek V4 spec, deepseek_v41 for a V4.1 "
+                             "one (default: none)")
     parser.add_argument("--enable-auto-tool-choice", action="store_true",
                         help='let the model decide when to call tools (tool_choice "auto"; '
                              "needs --tool-call-parser) (default: off)")
@@ -150,16 +154,14 @@ def make_server(args: argparse.Namespace):
     import uvicorn
 
     from server.app import ServerState, build_app
-    from server.chat import ChatOptions
     from server.draining import DrainingServer
 
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         raise SystemExit("v4serve serve: --enable-auto-tool-choice needs --tool-call-parser")
     keys = api_keys(args)
     salts = cache_salts(args, keys)
+    options = chat_options(args)
     engine, spec, compiling = (_core(args) if args.engine_process else _in_process(args))
-    options = ChatOptions(args.reasoning_parser, args.tool_call_parser,
-                          args.enable_auto_tool_choice, args.default_chat_template_kwargs)
     state = ServerState(engine, spec, args.served_model_name or spec.SPEC_NAME,
                         api_key=keys or None, max_body_bytes=args.max_body_bytes,
                         max_n=args.max_n, max_prompts=args.max_prompts_per_request,
@@ -178,6 +180,24 @@ def make_server(args: argparse.Namespace):
     if args.engine_process:
         engine.on_dead = lambda error: _failed_start(server, engine, error)
     return server, state
+
+
+def chat_options(args: argparse.Namespace):
+    """The chat flags and the spec's model family; SystemExit, before the model loads, for
+    a parser of the other family's format (or a spec that cannot be served)."""
+    from server.chat import ChatOptions, family_of
+    from server.cli.spec_check import StaleSpecError, load_current
+
+    try:
+        family = family_of(load_current(args.spec))
+    except StaleSpecError as exc:
+        raise SystemExit(f"v4serve: {exc.args[0] if exc.args else exc}") from None
+    try:
+        return ChatOptions(args.reasoning_parser, args.tool_call_parser,
+                           args.enable_auto_tool_choice, args.default_chat_template_kwargs,
+                           family)
+    except ValueError as exc:
+        raise SystemExit(f"v4serve serve: {exc}") from None
 
 
 def _failed_start(server, client, error: str) -> None:
