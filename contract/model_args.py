@@ -158,6 +158,12 @@ class ModelArgs:
         return layer_role(layer, self.n_layers, self.compress_ratios[layer],
                           self.kv_source_layers, self.index_source_layers)
 
+    def compressor_overlap(self, layer: int) -> int:
+        """Whole groups before the open one that a compressed layer's compressor pools
+        again: 1 for V4's ratio-4 (CSA) compressors (two overlapped windows), 0 for V4's
+        HCA and every V4.1 compressor (ratio 1 or 2, never overlapped)."""
+        return int(not self.is_v41 and self.compress_ratios[layer] == 4)
+
     def kv_source(self, layer: int) -> int | None:
         """V4.1: the layer whose compressed KV (and index keys) a compressed backbone layer
         reads: the latest kv source at or below it. None for window-only layers."""

@@ -19,10 +19,11 @@ reads and does not compute:
                   exactly block j's tokens (tokens per page = b); shared, never written
                   again (later writes land on later pages)
     ring groups   a copy, taken when the computation stood at B, of the ring page
-                  holding positions [B - span, B): the sliding window (span window - 1,
-                  every layer and the MTP layer) and the pending rows of an overlapping
-                  compressor (span ratio); a compressor without overlap has nothing
-                  pending at B (span 0) and keeps no copy
+                  holding positions [B - span, B) (`boundary_span`): the sliding window
+                  (ori: span window - 1, every layer and the MTP layer or DSpark stages)
+                  and the rows an overlapping compressor pools again (V4's CSA state:
+                  span ratio); a compressor without overlap (V4's HCA, every V4.1
+                  state_c{r}) has nothing pending at B (span 0) and keeps no copy
 
 A hit of J blocks holds the full pages of entries 0..J-1 and copies entry J-1's ring
 pages into the new request's ring, at the ring entry position B - 1 maps to. So the new
@@ -35,10 +36,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from contract.model_args import ModelArgs
 from runtime.core.request import Request
 
 
 class Group(Protocol):
+    layers: tuple[int, ...]
     policy: str
     rows_per_page: int
     tokens_per_row: int
@@ -73,9 +76,7 @@ class Layout:
            k: int) -> Layout:
         """The layout of a spec's pool groups and model config; Unsupported if its pages
         do not line up with blocks of `block_size`."""
-        csa_ratio = groups["cmp_c4"].tokens_per_row if "cmp_c4" in groups else 0
-        span = {"ori": config["sliding_window"] - 1, "csa_state": csa_ratio,
-                "csa_inner_state": csa_ratio, "hca_state": 0}
+        args = ModelArgs.from_config(config)
         full, ring, reach = [], {}, block_size
         for name, g in sorted(groups.items()):
             if g.policy == "full":
@@ -83,13 +84,15 @@ class Layout:
                     raise Unsupported(f"a {name} page covers {g.rows_per_page * g.tokens_per_row}"
                                       f" tokens, not one block of {block_size}")
                 full.append(name)
-            elif span.get(name, g.rows_per_page):
+                continue
+            span = boundary_span(name, g, args, block_size)
+            if span:
                 rows = g.rows_per_page
-                if span[name] > rows or block_size % rows:
+                if span > rows or block_size % rows:
                     raise Unsupported(f"the {name} rows a block boundary needs do not sit on "
                                       "one ring page")
                 ring[name] = (rows, g.ring_pages)
-                reach = min(reach, rows * g.ring_pages - span[name])
+                reach = min(reach, rows * g.ring_pages - span)
         return cls(block_size, 1 if k else 0, tuple(full), ring, reach)
 
     @property
@@ -119,6 +122,28 @@ class Layout:
                 h.update(_pack(request.tokens(j * b, end)))
                 keys.append(h.digest())
         return keys[:count]
+
+
+WINDOW_GROUP = "ori"      # the ring of every layer's window, in both families' specs
+
+
+def boundary_span(name: str, group: Group, args: ModelArgs, block_size: int) -> int:
+    """Rows just before a block boundary B that ring group `name` holds and a request
+    continuing at B reads: positions [B - span, B). The window group: window - 1. Any
+    other ring group is its layers' compressor state: the whole groups an overlapping
+    compressor pools again (overlap x ratio; V4's CSA: 4), nothing else, for the open
+    group is empty at B when the ratio divides the block (else Unsupported)."""
+    if name == WINDOW_GROUP:
+        return args.window - 1
+    shapes = {(args.ratio(layer), args.compressor_overlap(layer)) for layer in group.layers}
+    if len(shapes) != 1 or 0 in {ratio for ratio, _ in shapes}:
+        raise Unsupported(f"ring group {name} is neither the window ({WINDOW_GROUP}) nor the "
+                          "state of compressors of one ratio")
+    (ratio, overlap), = shapes
+    if block_size % ratio:
+        raise Unsupported(f"a block of {block_size} tokens ends inside a ratio-{ratio} "
+                          f"compressor group of {name}")
+    return overlap * ratio
 
 
 def _root(request: Request) -> bytes:
