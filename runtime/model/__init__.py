@@ -17,4 +17,6 @@ moe         sqrt-softplus / hash routing, expert-parallel routed experts, shared
 block       one transformer block (attention and MoE inside mHC; V4.1's single pass)
 forward     the main model and the MTP block over a batch of segments
 forward_v41 the V4.1 main model: Engram, single-pass blocks, the collapse and head
+dspark      V4.1's DSpark drafter: main_kv rings, stage blocks, Markov bias, confidence
+v41_formats V4.1's served entry formats (fp8_32, fp4_16, fp4_32)
 """

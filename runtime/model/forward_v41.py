@@ -3,6 +3,7 @@
     h    = embed(ids) in hc_mult copies                          [T, hc, dim]
     pre  = one-hot: stream 0                                     [T, hc]
     per layer L:  h += Engram_L(h)   (L in engram_layers, before the block's mix)
+                  (L in dspark_target_layers: keep mean_i h_i, the drafter's input)
                   h, pre = single_pass_block(L, h, pre)
     out  = sum_i pre_i h_i            (the last FFN's pre; no hc_head)   [T, dim]
     logits = head(norm(out))          float32
@@ -14,8 +15,12 @@ raw token ids, the pad id before the sequence starts) since no pool keeps them.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import partial
+
 import torch
 
+from runtime.model import csa2
 from runtime.model.block import single_pass_block
 from runtime.model.engram import add_engram, ngram_windows
 from runtime.model.forward import positions
@@ -27,22 +32,33 @@ from runtime.model.quant import linear
 from runtime.model.sources import Sources
 
 
+@dataclass(frozen=True)
+class MainOutput:
+    hidden: torch.Tensor               # [T, dim]: the collapsed state the head reads
+    targets: torch.Tensor | None       # [T, targets * dim]: DSpark's main_hidden
+
+
 def main_model(params: ModelParams, ids: torch.Tensor, prior: torch.Tensor,
-               segments: list[Segment], view: PoolView, tile: int) -> torch.Tensor:
+               segments: list[Segment], view: PoolView, tile: int) -> MainOutput:
     """Token ids [T] (prior [S, N-1]: each segment's preceding raw ids, oldest first)
-    -> the collapsed hidden state [T, dim]; writes every layer's pools."""
+    -> the collapsed hidden state and the DSpark inputs; writes every layer's pools."""
     args = params.args
     pos = positions(segments, ids.device)
     h = params["embed.weight"][ids].unsqueeze(1).expand(-1, args.hc_mult, -1).contiguous()
     pre = one_hot_pre(ids.shape[0], args.hc_mult, ids.device)
     rows = engram_rows(params, ids, prior, segments)
-    sources = Sources()
+    sources, targets = Sources(), []
     for layer in range(args.n_layers):
         if layer in args.engram_layers:
             index = args.engram_layers.index(layer)
             h = add_engram(h, rows[:, index], params.engram_weights(layer), args.norm_eps)
-        h, pre = single_pass_block(params, layer, h, pre, pos, segments, view, tile, sources)
-    return collapse(h, pre)
+        if layer in args.dspark_target_layers:
+            targets.append(h.float().mean(-2).to(h.dtype))
+        here = csa2.Layer(params.layer(layer), args, layer, view,
+                          params.rope.table(args.ratio(layer) > 0), sources)
+        attention = partial(csa2.attention, here, pos=pos, segments=segments, tile=tile)
+        h, pre = single_pass_block(params, layer, h, pre, attention)
+    return MainOutput(collapse(h, pre), torch.cat(targets, -1) if targets else None)
 
 
 def engram_rows(params: ModelParams, ids: torch.Tensor, prior: torch.Tensor,

@@ -342,8 +342,8 @@ def v41_small_pages(args, window_rows: int = 32, entry_rows: int = 16) -> dict:
                          format="compute", rope_width=0, entry_bytes=width * 4)
 
     ring = -(-(args.window - 1 + 4) // window_rows) + 1
-    groups = {"ori": group("ori", range(args.n_layers), window_rows, args.head_dim, "ring",
-                           1, ring)}
+    every = range(args.n_layers + args.n_mtp_layers)      # the DSpark stages' rings too
+    groups = {"ori": group("ori", every, window_rows, args.head_dim, "ring", 1, ring)}
     for r in sorted({args.ratio(s) for s in args.kv_source_layers}):
         owners = [s for s in args.kv_source_layers if args.ratio(s) == r]
         groups[f"cmp_c{r}"] = group(f"cmp_c{r}", owners, entry_rows, args.head_dim, "full",
@@ -386,6 +386,7 @@ class V41Driver:
 
     def launch(self, pieces: dict[int, list[int]]) -> dict[int, torch.Tensor]:
         """One launch of `pieces` (request -> its next ids): logits [n, vocab] each."""
+        from runtime.model import dspark
         from runtime.model.forward_v41 import logits, main_model, prior_ids
         args = self.params.args
         segments, priors, ids = [], [], []
@@ -397,10 +398,24 @@ class V41Driver:
             ids += piece
             self.tokens[request] += piece
         with torch.inference_mode():
-            h = main_model(self.params, torch.tensor(ids), torch.tensor(priors), segments,
-                           self.view(), self.tile)
-            out = logits(self.params, h)
+            main = main_model(self.params, torch.tensor(ids), torch.tensor(priors), segments,
+                              self.view(), self.tile)
+            out = logits(self.params, main.hidden)
+            if main.targets is not None:         # the drafter's rings follow the model
+                main_x = dspark.main_inputs(self.params, main.targets)
+                dspark.write_main_kv(self.params, main_x, segments, self.view())
         return {request: out[s.tokens] for request, s in zip(pieces, segments)}
+
+    def draft(self, anchors: dict[int, int]):
+        """One DSpark block per request (request -> the anchor, the token after its
+        last fed one): runtime/model/dspark.Drafts, row i the i-th request given."""
+        block = self.params.args.dspark_block_size
+        rows = [Segment(self.rank, r, len(self.tokens[r]), block, i * block)
+                for i, r in enumerate(anchors)]
+        from runtime.model import dspark
+        with torch.inference_mode():
+            return dspark.draft(self.params, torch.tensor(list(anchors.values())), rows,
+                                self.view())
 
     def feed(self, ids: list[int], chunk: int, request: int = 0) -> torch.Tensor:
         """Logits [len(ids), vocab] of ids appended to a request, `chunk` per launch."""

@@ -98,3 +98,20 @@ def test_exact_formats_do_not_match_the_quantized_goldens(params):
     err, agree = _errors(V41Driver(params).feed(case["prompt_ids"] + case["greedy_ids"],
                                                 8192), case)
     assert agree < 0.9 and np.median(err) > 1e-2
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"prompt{len(c['prompt_ids'])}")
+def test_served_formats_draft_as_the_quantized_goldens(params, case):
+    """DSpark's main_kv rings and block kv in fp8_32 too: its blocks after every step."""
+    driver = V41Driver(params, groups=v41_served(V41.pools.GROUPS))
+    driver.feed(case["prompt_ids"], 128)
+    agree, errors = [], []
+    for step, block in enumerate(case["dspark"]):
+        driver.feed([case["greedy_ids"][step]], 1)
+        drafts = driver.draft({0: block["anchor_id"]})
+        agree += [a == b for a, b in zip(drafts.ids[0].tolist(), block["draft_ids"])]
+        ours = torch.log_softmax(drafts.logits[0], -1).gather(1, torch.tensor(block["top5_ids"]))
+        errors.append(np.abs(ours.numpy() - np.array(block["top5_logprobs"])).max())
+    print(f"\nprompt {len(case['prompt_ids'])}: drafts agree {np.mean(agree):.4f}, "
+          f"|log-prob| median {np.median(errors):.1e}, max {np.max(errors):.1e}")
+    assert np.mean(agree) >= 0.95 and np.median(errors) <= 1e-3
