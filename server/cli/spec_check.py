@@ -7,6 +7,7 @@ from pathlib import Path
 from types import ModuleType
 
 import generated
+from contract.model_args import ModelArgs
 from contract.spec_digest import spec_digest
 
 REPO = Path(generated.__file__).resolve().parent.parent
@@ -53,16 +54,22 @@ class CacheDtypeError(StaleSpecError):
 CACHE_DTYPES = ("auto", "fp8")
 
 
+# The served formats a spec declares, per family, for --kv-cache-dtype fp8's message.
+SERVED_FORMATS = {False: "fp8_ds for ori, cmp_c4, cmp_c128; fp8 or fp4 for idx",
+                  True: "fp8_32 for ori, fp4_16 for cmp_c<r>, fp4_32 for idx_c<r>"}
+
+
 def served(spec: str, cache_dtype: str = "auto") -> ModuleType:
     """The generated package serving `spec` with --kv-cache-dtype `cache_dtype` (vLLM's
-    flag): "auto" the spec as it declares its pools; "fp8" V4's served formats (fp8_ds
-    main entries, FP8/FP4 indexer keys): the spec itself when it declares them, else its
-    `<name>-fp8` variant (specs/tiny-fp8.yaml)."""
+    flag): "auto" the spec as it declares its pools; "fp8" its family's served formats
+    (V4: fp8_ds main entries, FP8/FP4 indexer keys; V4.1: fp8_32 windows, fp4_16
+    compressed KV, fp4_32 index keys): the spec itself when it stores its compressed KV
+    so, else its `<name>-fp8` variant (specs/tiny-fp8.yaml)."""
     package = load_current(spec)
     if cache_dtype not in CACHE_DTYPES:
         raise CacheDtypeError(f"--kv-cache-dtype {cache_dtype!r}: one of "
                               f"{', '.join(CACHE_DTYPES)}")
-    if cache_dtype == "auto" or package.pools.GROUPS["cmp_c4"].format == "fp8_ds":
+    if cache_dtype == "auto" or _packs_compressed_kv(package):
         return package
     variant = f"{package.SPEC_NAME}-fp8"
     try:
@@ -73,7 +80,18 @@ def served(spec: str, cache_dtype: str = "auto") -> ModuleType:
         raise CacheDtypeError(
             f"--kv-cache-dtype fp8: spec {package.SPEC_NAME} stores its cache entries as "
             f"computed and there is no {variant} spec; declare pools.groups.<group>.format "
-            "(fp8_ds for ori, cmp_c4, cmp_c128; fp8 or fp4 for idx) in a spec") from exc
+            f"({SERVED_FORMATS[_is_v41(package)]}) in a spec") from exc
+
+
+def _packs_compressed_kv(package: ModuleType) -> bool:
+    """Whether every compressed-KV group (cmp_*: V4's cmp_c4 and cmp_c128, V4.1's
+    cmp_c<r>) stores its entries in a served format rather than as computed."""
+    groups = [g for name, g in package.pools.GROUPS.items() if name.startswith("cmp_")]
+    return bool(groups) and all(g.format != "compute" for g in groups)
+
+
+def _is_v41(package: ModuleType) -> bool:
+    return ModelArgs.from_config(package.architecture.CONFIG).is_v41
 
 
 def _as_path(spec: str) -> Path | None:
