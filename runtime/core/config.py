@@ -31,6 +31,10 @@ class EngineConfig:
     # by kv_cache_memory, else enough for the limits
     device_memory: int | None = None
     gpu_memory_utilization: float = 0.9
+    # V4.1's Engram tables (vLLM's --engram-config): "device" sharded across the ranks'
+    # device memory by row range; "host" one copy per node in host shared memory, each
+    # step reading its rows (runtime/planning/engram_tables.py). No effect without Engram.
+    engram_placement: str = "host"
     device: str | None = None                     # None: the spec's device
     backend: str | None = None
     max_logprobs: int = 20                        # most top log-probs a request may ask for

@@ -17,6 +17,7 @@ from runtime.core.scheduler import Scheduler, SchedulerConfig, refusal
 from runtime.core.speculation import POLICIES, Speculation, step_ks
 from runtime.core.speculation import make as make_speculation
 from runtime.planning import capacity
+from runtime.planning.engram_tables import DEFAULT_PLACEMENT, PLACEMENTS
 from runtime.planning.memory_plan import MemoryPlan
 
 MAX_K = 3          # draft tokens per step this runtime verifies (the MTP layer, recursively)
@@ -48,6 +49,7 @@ class Admission:
     layout: Layout | None = None              # prefix caching; None: off
     memory: MemoryPlan | None = None          # pools sized from a device's memory
     policy: str = "fixed"                     # --speculative-policy
+    engram_placement: str = DEFAULT_PLACEMENT  # --engram-placement (V4.1's tables)
 
     @classmethod
     def plan(cls, config: Any, spec: ModuleType, ranks: int | None = None) -> Admission:
@@ -76,7 +78,8 @@ class Admission:
                               f"request of max_model_len {limits.max_model_len}; give the "
                               "cache more memory or lower --max-model-len")
         return cls(spec, k, limits, cap, config.max_logprobs, config.max_stop_strings,
-                   config.max_stop_token_ids, layout, memory, config.speculative_policy)
+                   config.max_stop_token_ids, layout, memory, config.speculative_policy,
+                   config.engram_placement)
 
     def check_weights(self, held: int) -> None:
         """ConfigError if a rank's loaded weights, its pools and the workspace overrun
@@ -183,15 +186,18 @@ class Admission:
             raise InvalidParam("prompt", reason)
 
 
-def least_pool_bytes(config: Any, spec: ModuleType) -> tuple[SchedulerConfig, int]:
-    """(the limits, the pool bytes per rank that hold the ring pages of every running
-    request and one request of max_model_len): the least a plan must leave the pools."""
+def pool_limits(config: Any, spec: ModuleType) -> tuple[SchedulerConfig, dict[str, int]]:
+    """(the limits in force, the ring pages kept for cached prefixes: Layout.copies)."""
     k, limits = _resolve(config, spec)
     layout = _layout(config, spec, k)
-    groups = spec.pools.GROUPS
-    return limits, capacity.bytes_for(groups, limits.max_running_per_rank,
-                                      capacity.tokens_for(groups, 1, limits.max_model_len),
-                                      layout.copies if layout else {})
+    return limits, layout.copies if layout else {}
+
+
+def least_bytes(groups: Any, limits: SchedulerConfig, copies: dict[str, int]) -> int:
+    """Pool bytes per rank for the ring pages of every running request and one request
+    of max_model_len: the least a plan must leave the pools."""
+    return capacity.bytes_for(groups, limits.max_running_per_rank,
+                              capacity.tokens_for(groups, 1, limits.max_model_len), copies)
 
 
 def _memory(config: Any, spec: ModuleType, limits: SchedulerConfig,
@@ -202,7 +208,7 @@ def _memory(config: Any, spec: ModuleType, limits: SchedulerConfig,
         return None
     try:
         memory = MemoryPlan.of(spec, config.device_memory, config.gpu_memory_utilization,
-                               limits, ranks)
+                               limits, ranks, config.engram_placement)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if memory.shortfall and not config.kv_cache_memory:
@@ -238,6 +244,9 @@ def _resolve(config: Any, spec: ModuleType) -> tuple[int, SchedulerConfig]:
     if k > MAX_K:
         raise ConfigError(f"--num-speculative-tokens {k}: this runtime verifies at most "
                           f"{MAX_K} draft tokens per step")
+    if config.engram_placement not in PLACEMENTS:
+        raise ConfigError(f"--engram-placement {config.engram_placement!r}: one of "
+                          f"{', '.join(PLACEMENTS)}")
     policy = getattr(config, "speculative_policy", "fixed")
     if policy not in POLICIES:
         raise ConfigError(f"--speculative-policy {policy!r}: one of {', '.join(POLICIES)}")

@@ -5,12 +5,18 @@ are the ones a real run logs at start and reports on /server_info. (This module
 imports no torch; the generated package it reads does.)
 
     v4serve plan --spec deepseek-v4-flash --device-memory 141GiB --max-model-len 1048576
+
+A spec with Engram tables (V4.1) also gets their bytes and, for each placement
+(--engram-placement device | host), the tables' device bytes per rank, host bytes per
+node and what they leave the cache: pool bytes and tokens per rank.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from runtime.planning.admission import Admission, ConfigError, least_pool_bytes
+from runtime.planning import capacity
+from runtime.planning.admission import Admission, ConfigError, least_bytes, pool_limits
+from runtime.planning.engram_tables import PLACEMENTS, EngramTables
 from runtime.planning.memory_plan import MemoryPlan, weight_bytes
 
 GIB = 2**30
@@ -30,14 +36,15 @@ def report(admission: Admission) -> dict[str, Any]:
     spec, cap, limits, memory = (admission.spec, admission.capacity, admission.limits,
                                  admission.memory)
     ranks = memory.ranks if memory else spec.contract.RANKS
-    weights = memory.weights if memory else weight_bytes(spec)
+    weights = memory.weights if memory else weight_bytes(spec, None, admission.engram_placement)
     groups = spec.pools.GROUPS
     per_rank = admission.concurrency() // ranks if ranks else 0
+    tables = EngramTables.of(spec)
     return {
         "fits": True, "spec": spec.SPEC_NAME, "spec_path": spec.SPEC_PATH, "ranks": ranks,
         "spec_ranks": spec.contract.RANKS,
         **_weights(spec, ranks, weights),
-        **(_device(memory) if memory else {"device_memory": None}),
+        **(_device(memory, spec) if memory else {"device_memory": None}),
         "pools": {g: {"blocks": n, "bytes": n * groups[g].block_bytes, **entries(groups[g])}
                   for g, n in sorted(cap.blocks.items())},
         "full_group_bytes_per_million_tokens": sum(
@@ -47,7 +54,41 @@ def report(admission: Admission) -> dict[str, Any]:
         "max_num_seqs": limits.max_num_seqs,
         "max_running_per_rank": limits.max_running_per_rank,
         "max_concurrency": admission.concurrency(), "max_concurrency_per_rank": per_rank,
+        **({"engram": engram(
+            tables, admission.engram_placement, ranks, memory, groups, limits,
+            admission.layout.copies if admission.layout else {})} if tables else {}),
     }
+
+
+def engram(tables: EngramTables, placement: str, ranks: int, memory: MemoryPlan | None,
+           groups: Any, limits: Any, copies: dict[str, int]) -> dict[str, Any]:
+    """The Engram tables' bytes, and per placement what they take from each rank's device
+    and each node's host and, with a device memory, what they leave the cache."""
+    out = {"placement": placement, "layers": list(tables.layers), "rows": list(tables.rows),
+           "format": tables.format, "row_bytes": tables.row_bytes,
+           "table_bytes": tables.bytes, "placements": {}}
+    for where in PLACEMENTS:
+        out["placements"][where] = {
+            "device_bytes_per_rank": tables.device_bytes(where, ranks),
+            "host_bytes_per_node": tables.host_bytes(where),
+            **(_cache_left(memory.placed(tables, where), groups, limits, copies)
+               if memory else {})}
+    return out
+
+
+def _cache_left(memory: MemoryPlan, groups: Any, limits: Any,
+                copies: dict[str, int]) -> dict[str, Any]:
+    """What a memory plan leaves the cache: its pool budget per rank and the tokens the
+    pools hold there (as the admission plans them), or the bytes per rank missing for
+    the running requests' rings and one request of max_model_len."""
+    need = least_bytes(groups, limits, copies)
+    if memory.pool_budget < need:
+        return {"fits": False, "pool_budget_per_rank": max(0, memory.pool_budget),
+                "shortfall_per_rank": need - memory.pool_budget}
+    cap = capacity.plan(groups, memory.pool_budget, limits.max_running_per_rank, copies)
+    return {"fits": True, "pool_budget_per_rank": memory.pool_budget,
+            "pool_bytes_per_rank": cap.bytes, "tokens_per_rank": cap.tokens,
+            "tokens_per_replica": cap.tokens * memory.ranks}
 
 
 def entries(group: Any) -> dict[str, Any]:
@@ -63,37 +104,50 @@ def entries(group: Any) -> dict[str, Any]:
 
 
 def _weights(spec: Any, ranks: int, weights: Any) -> dict[str, Any]:
+    """The weights per rank by kind; the Engram rows this rank holds only where the
+    spec has Engram tables (0 with them on the host)."""
     c = spec.contract
-    return {"weights_format": c.WEIGHTS_FORMAT, "released": {"dense": c.WEIGHTS_DENSE,
-                                                              "experts": c.WEIGHTS_EXPERTS},
+    held = {"dense": weights.dense, "experts": weights.experts}
+    released = {"dense": c.WEIGHTS_DENSE, "experts": c.WEIGHTS_EXPERTS}
+    if EngramTables.of(spec):
+        held["engram"], released["engram"] = weights.engram, c.WEIGHTS_ENGRAM
+    return {"weights_format": c.WEIGHTS_FORMAT, "released": released,
             "experts_per_rank": spec.architecture.CONFIG["n_routed_experts"] // ranks,
-            "weight_bytes_per_rank": {"dense": weights.dense, "experts": weights.experts,
-                                      "total": weights.total}}
+            "weight_bytes_per_rank": {**held, "total": weights.total}}
 
 
-def _device(memory: MemoryPlan) -> dict[str, Any]:
-    return {"device_memory": memory.device_memory,
-            "gpu_memory_utilization": memory.utilization, "usable_bytes": memory.usable,
-            "workspace_bytes": memory.workspace}
+def _device(memory: MemoryPlan, spec: Any) -> dict[str, Any]:
+    """The device's figures; a spec without launch wrappers (V4.1 today) says that no
+    rehearsal has checked its workspace estimate."""
+    out = {"device_memory": memory.device_memory,
+           "gpu_memory_utilization": memory.utilization, "usable_bytes": memory.usable,
+           "workspace_bytes": memory.workspace}
+    if not getattr(spec, "LAUNCHABLE", True):
+        out["workspace_rehearsed"] = False
+    return out
 
 
 def _does_not_fit(config: Any, spec: Any, ranks: int | None, reason: str) -> dict[str, Any]:
     """The figures of a deployment that does not fit: its weights, and the memory per
     rank missing for them, the workspace and the pools of one max_model_len request."""
     try:
-        limits, need = least_pool_bytes(config, spec)
+        limits, copies = pool_limits(config, spec)
         memory = MemoryPlan.of(spec, config.device_memory, config.gpu_memory_utilization,
-                               limits, ranks)
+                               limits, ranks, config.engram_placement)
     except (ConfigError, ValueError) as exc:
         raise SystemExit(f"v4serve plan: {exc}") from None
+    need = least_bytes(spec.pools.GROUPS, limits, copies)
     short = need - memory.pool_budget
+    tables = EngramTables.of(spec)
     return {"fits": False, "reason": reason, "spec": spec.SPEC_NAME,
             "spec_path": spec.SPEC_PATH, "ranks": memory.ranks,
             "spec_ranks": spec.contract.RANKS,
-            **_weights(spec, memory.ranks, memory.weights), **_device(memory),
+            **_weights(spec, memory.ranks, memory.weights), **_device(memory, spec),
             "least_pool_bytes_per_rank": need, "shortfall_per_rank": short,
             "shortfall_per_replica": short * memory.ranks,
-            "max_model_len": limits.max_model_len}
+            "max_model_len": limits.max_model_len,
+            **({"engram": engram(tables, config.engram_placement, memory.ranks, memory,
+                                 spec.pools.GROUPS, limits, copies)} if tables else {})}
 
 
 def render(r: dict[str, Any]) -> str:
@@ -110,10 +164,16 @@ def render(r: dict[str, Any]) -> str:
                      f"{r['gpu_memory_utilization']} = {_gib(r['usable_bytes'])} usable")
     lines.append(f"weights         {_gib(w['total'])} per rank: dense (replicated) "
                  f"{_gib(w['dense'])}, routed experts ({r['experts_per_rank']} per rank) "
-                 f"{_gib(w['experts'])}")
+                 f"{_gib(w['experts'])}"
+                 + (f", Engram rows {_gib(w['engram'])}" if "engram" in w else ""))
     if "workspace_bytes" in r:
+        check = ("no rehearsal checks it yet: the spec has no launch wrappers"
+                 if r.get("workspace_rehearsed") is False
+                 else "tests hold it within 1.25x of the rehearsed peak")
         lines.append(f"workspace       {_gib(r['workspace_bytes'])} per rank (estimated from the "
-                     "shapes; tests hold it within 1.25x of the rehearsed peak)")
+                     f"shapes; {check})")
+    if "engram" in r:
+        lines += _engram_lines(r["engram"])
     if not r["fits"]:
         lines.append(f"does not fit: {_gib(r['shortfall_per_rank'])} per rank short "
                      f"({_gib(r['shortfall_per_replica'])} over the {r['ranks']} ranks) of "
@@ -137,6 +197,34 @@ def render(r: dict[str, Any]) -> str:
                  f"tokens at once ({r['max_concurrency_per_rank']} per rank; at most "
                  f"{r['max_running_per_rank']} run per rank, {r['max_num_seqs']} in all)")
     return "\n".join(lines)
+
+
+def _engram_lines(e: dict[str, Any]) -> list[str]:
+    """The Engram tables and what each placement takes and leaves."""
+    scales = "fp8 + an e8m0 scale per 32" if e["format"] == "fp8" else e["format"]
+    lines = [f"engram tables   {_size(e['table_bytes'])}: {len(e['rows'])} tables (layers "
+             f"{', '.join(map(str, e['layers']))}) of {sum(e['rows']):,} rows x "
+             f"{e['row_bytes']} B ({scales}); placement {e['placement']} "
+             "(--engram-placement)"]
+    where = {"device": "sharded by row range", "host": "one copy per node, shared memory"}
+    for placement, p in e["placements"].items():
+        left = ""
+        if "fits" in p:
+            left = (f"; cache {_gib(p['pool_budget_per_rank'])}, "
+                    f"{p['tokens_per_rank']:,} tokens per rank" if p["fits"] else
+                    f"; does not fit, {_gib(p['shortfall_per_rank'])} per rank short")
+        lines.append(f"  {placement:<7} {_size(p['device_bytes_per_rank']):>11} per rank on the "
+                     f"device, {_size(p['host_bytes_per_node'])} per node on the host "
+                     f"({where[placement]}){left}")
+    return lines
+
+
+def _size(n: int) -> str:
+    """Bytes in the largest binary unit that leaves a whole part (tiny tables in KiB)."""
+    for unit, scale in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:,.2f} {unit}"
+    return f"{n} B"
 
 
 def _gib(n: int) -> str:

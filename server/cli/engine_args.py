@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runtime.core.speculation import POLICIES
+from runtime.planning.engram_tables import PLACEMENTS as ENGRAM_PLACEMENTS
 from server.cli.spec_check import CACHE_DTYPES, default_model, load_current, served
 
 if TYPE_CHECKING:
@@ -61,9 +62,10 @@ def add_limit_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", default="tiny",
                         help="spec to serve, by name or file (default: tiny)")
     parser.add_argument("--kv-cache-dtype", choices=CACHE_DTYPES, default="auto",
-                        help="cache entry formats: auto, the spec's; fp8, V4's served ones "
-                             "(fp8_ds main entries, FP4 indexer keys): the spec's own or its "
-                             "<spec>-fp8 variant (default: auto)")
+                        help="cache entry formats: auto, the spec's; fp8, its family's "
+                             "served ones (V4: fp8_ds main entries, FP4 indexer keys; V4.1: "
+                             "fp8_32 windows, fp4_16 compressed KV, fp4_32 index keys): the "
+                             "spec's own or its <spec>-fp8 variant (default: auto)")
     parser.add_argument("--num-speculative-tokens", type=int, default=None,
                         help="MTP draft tokens per step (with --speculative-policy adaptive: "
                              "the most a step may take); 0 disables MTP (default: the spec's)")
@@ -100,6 +102,13 @@ def add_memory_args(parser: argparse.ArgumentParser, required: bool = False) -> 
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                         help="share of the device memory v4serve may use, where one is "
                              "known (--device-memory, or mp on cuda) (default: 0.9)")
+    parser.add_argument("--engram-placement", choices=ENGRAM_PLACEMENTS, default="host",
+                        help="where a V4.1 spec's Engram tables live (vLLM's "
+                             "--engram-config): device, sharded across the ranks' device "
+                             "memory by row range; host, one copy per node in host shared "
+                             "memory that each step reads its rows from, leaving the "
+                             "device memory to the cache (default: host; no effect on a "
+                             "spec without Engram)")
 
 
 def positive_int(text: str) -> int:
@@ -157,6 +166,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         device_memory=args.device_memory if args.device_memory is not None
         else _own_device_memory(args, spec),
         gpu_memory_utilization=args.gpu_memory_utilization,
+        engram_placement=args.engram_placement,
         max_logprobs=args.max_logprobs, max_stop_strings=args.max_stop_strings,
         max_stop_token_ids=args.max_stop_token_ids, enforce_eager=args.enforce_eager,
         defer_compile=getattr(args, "defer_compile", False),

@@ -16,7 +16,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Weights per rank by kind, cache pool bytes per group, tokens per rank "
                     "and the requests of --max-model-len tokens that run at once, for one "
                     "replica of the spec on devices of --device-memory each; or how much "
-                    "memory is missing. Exit status 1 when it does not fit.")
+                    "memory is missing; for a V4.1 spec, its Engram tables' bytes per rank "
+                    "and per node and what they leave the cache in each --engram-placement. "
+                    "Exit status 1 when it does not fit.")
     add_limit_args(parser)
     add_memory_args(parser, required=True)
     parser.add_argument("--ranks", type=_positive, default=None,
@@ -46,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"v4serve plan: {exc}", file=sys.stderr)
         return 2
     config = EngineConfig(**limit_fields(args), device_memory=args.device_memory,
-                          gpu_memory_utilization=args.gpu_memory_utilization)
+                          gpu_memory_utilization=args.gpu_memory_utilization,
+                          engram_placement=args.engram_placement)
     result = plan(config, spec, args.ranks)
     print(json.dumps(result, indent=2) if args.json else render(result))
     return 0 if result["fits"] else 1
