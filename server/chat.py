@@ -7,10 +7,10 @@ The family is the spec's (ModelArgs.family: a V4.1 config is model_type
 deepseek_v41_text), else the parser flags' (deepseek_v4 or deepseek_v41), else V4; a
 parser of the other family's format is refused when the server starts. Any other
 checkpoint uses its Jinja chat template (given `tools`, `thinking` and the request's
-chat_template_kwargs), or a plain fallback. Either way the
-client's text is tokenized as plain text: only the renderer's own markup yields control
-tokens (server/content_marks.py), so a message, a tool definition or a template argument
-cannot forge a turn or a tool call.
+chat_template_kwargs), or a plain fallback. Either way the client's text is tokenized as
+plain text: only the renderer's own markup yields control tokens
+(server/content_marks.py), so a message, a tool definition or a template argument cannot
+forge a turn or a tool call.
 
 The reading (ChatPlan): whether the prompt opened a thinking block, which tool mode the
 request is in, and the constraint its output is sampled under:

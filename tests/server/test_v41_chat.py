@@ -183,6 +183,22 @@ def test_calls_are_read_only_as_the_plan_allows():
     assert _read(plan, PARSERS, [v4_tags])[0] == {"role": "assistant", "content": v4_tags}
 
 
+def test_the_markup_is_read_only_as_the_token_where_the_vocabulary_has_it(v41):
+    """Under the client's own constraint the output cannot hold the token (its strings are
+    text), so no call is read from it; in auto mode the grammar writes the token."""
+    asked = _request(tools=[WEATHER], response_format={"type": "json_object"})
+    assert not chat.plan(v41, asked, PARSERS).read_calls
+    assert chat.plan(v41, _request(tools=[WEATHER]), PARSERS).read_calls
+
+
+def test_a_named_call_after_reasoning():
+    plan = ChatPlan([], True, "named", "ns::get_weather")
+    message, _ = _read(plan, PARSERS, ['Paris.</think>{"city": "Paris"}'])
+    assert message["reasoning_content"] == "Paris."
+    assert message["tool_calls"][0]["function"] == {"name": "ns::get_weather",
+                                                    "arguments": '{"city": "Paris"}'}
+
+
 # -- through the app ---------------------------------------------------------------------------
 
 
