@@ -122,5 +122,9 @@ class ModelParams:
         return self.experts[layer].slice(rank * per - self.experts[layer].first, per)
 
     def engram_weights(self, layer: int) -> EngramWeights:
-        """V4.1: the Engram tensors of `layer` (one of args.engram_layers)."""
-        return EngramWeights.from_checkpoint(self.dense, layer, self.dtype)
+        """V4.1: the Engram tensors of `layer` (one of args.engram_layers), its wkv
+        dequantized if held as released (FP8)."""
+        p = self.layer(layer)
+        gate = p["engram.q_weight"].float() * p["engram.k_weight"].float()
+        return EngramWeights(p["engram.embed.weight"], p["engram.embed.scale"],
+                             quant.weight(p, "engram.wkv.weight", self.dtype), gate)

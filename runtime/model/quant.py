@@ -1,7 +1,8 @@
 """Weights held as the release stores them, dequantized where a kernel reads them.
 
     FP8   data  [..., out, in]      float8_e4m3fn
-          scale [..., ceil(out/128), ceil(in/128)]   one per 128x128 block, or
+          scale [..., ceil(out/128), ceil(in/128)]   one per 128x128 block (V4; V4.1's
+                                                     blocks are 32x32), or
                 [..., out, ceil(in/128)]             one per row and 128 inputs (a fused
                                                      stack whose parts are not 128-aligned)
     FP4   data  [..., out, in/2]    uint8, two e2m1 codes per byte, low nibble first
@@ -20,7 +21,7 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 
-from contract.checkpoint_layout import FP4_GROUP, FP8_BLOCK, STACK_CHUNK
+from contract.checkpoint_layout import FP4_GROUP, FP8_BLOCK, STACK_CHUNK, V41_FP8_BLOCK
 
 FP8 = torch.float8_e4m3fn
 FP4 = torch.uint8               # packed pairs of e2m1 codes
@@ -58,14 +59,27 @@ def dequantize(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> t
     return values.to(dtype)
 
 
+def fp8_block(out: int, inp: int, scale_shape: tuple[int, ...]) -> int:
+    """The side of the blocks an FP8 weight [out, inp]'s scale covers, from the scale's
+    shape: V4's 128 or V4.1's 32 (64 is accepted too). Where several fit, every one of
+    them dequantizes alike (a dimension within one block of each)."""
+    rows, cols = scale_shape[-2:]
+    for block in (V41_FP8_BLOCK, 64, FP8_BLOCK):
+        if -(-inp // block) == cols and rows in (out, -(-out // block)):
+            return block
+    raise ValueError(f"an FP8 weight [{out}, {inp}] with scales {tuple(scale_shape)}: no "
+                     f"block of {V41_FP8_BLOCK}, 64 or {FP8_BLOCK} fits")
+
+
 def _fp8(data: torch.Tensor, scale: torch.Tensor, work: torch.dtype) -> torch.Tensor:
     out, inp = data.shape[-2:]
-    if scale.shape[-2] != out:                       # block scales: one per 128 rows
-        scale = scale.repeat_interleave(FP8_BLOCK, -2)[..., :out, :]
+    block = fp8_block(out, inp, scale.shape)
+    if scale.shape[-2] != out:                       # block scales: one per `block` rows
+        scale = scale.repeat_interleave(block, -2)[..., :out, :]
     values = data.to(work)                           # a new tensor: scaled in place
-    if inp % FP8_BLOCK:
-        return values.mul_(scale.repeat_interleave(FP8_BLOCK, -1)[..., :inp])
-    blocks = values.view(*values.shape[:-1], inp // FP8_BLOCK, FP8_BLOCK)
+    if inp % block:
+        return values.mul_(scale.repeat_interleave(block, -1)[..., :inp])
+    blocks = values.view(*values.shape[:-1], inp // block, block)
     return blocks.mul_(scale[..., None]).view(values.shape)
 
 

@@ -365,8 +365,9 @@ class V41Driver:
     BLOCKS = 24          # at most, per request and group
 
     def __init__(self, params: ModelParams, requests: int = 1, tile: int = 32,
-                 groups=None, rank: int = 2):
+                 groups=None, rank: int | None = None):
         from runtime.backends.arg_checks import torch_dtype
+        rank = params.ranks // 2 if rank is None else rank     # rank 2 of the spec's 4
         self.params, self.tile, self.rank = params, tile, rank
         self.groups = groups or V41.pools.GROUPS
         self.pools, self.tables = {}, {}

@@ -81,3 +81,37 @@ def test_engram_needs_the_tokenizer(tmp_path, tensors):
     (directory / "tokenizer.json").unlink()
     with pytest.raises(CheckpointError, match="tokenizer.json"):
         _load(directory)
+
+
+def _fp8_32(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [out, in] in FP8 e4m3 with a power-of-two (e8m0) scale per 32 x 32 block."""
+    out, inp = weight.shape
+    blocks = torch.nn.functional.pad(weight.float(), (0, -inp % 32, 0, -out % 32))
+    blocks = blocks.view(blocks.shape[0] // 32, 32, blocks.shape[1] // 32, 32)
+    amax = blocks.abs().amax((1, 3)).clamp(min=1e-4)
+    scale = torch.exp2(torch.ceil(torch.log2(amax / 448)))
+    full = scale.repeat_interleave(32, 0)[:out].repeat_interleave(32, 1)[:, :inp]
+    return (weight.float() / full).to(torch.float8_e4m3fn), scale.to(torch.float8_e8m0fnu)
+
+
+def test_fp8_projections_in_32x32_blocks_as_released_equal_dequantized(tmp_path, tensors):
+    """The release's FP8 projections (scales per 32 x 32) held as released and
+    dequantized in the forward give what dequantizing them at load gives."""
+    from contract.checkpoint_layout import is_v41_fp8_projection
+    from runtime.model.quant import FP8
+    from tests.model.support import V41Driver
+    quantized = dict(tensors)
+    for name, w in tensors.items():
+        if is_v41_fp8_projection(name):
+            quantized[name], quantized[name.removesuffix(".weight") + ".scale"] = _fp8_32(w)
+    directory = _copy(tmp_path, quantized)
+    held = load_checkpoint(directory, v41_args(), "test", torch.float32, as_released=True)
+    assert held["layers.2.attn.wq_a.weight"].dtype == FP8
+    assert held["layers.1.engram.wkv.weight"].dtype == FP8
+    assert held["layers.8.attn.indexer.wq_b.weight"].dtype == FP8
+    loaded = _load(directory)
+    assert loaded["layers.2.attn.wq_a.weight"].dtype == torch.float32
+    ids = list(range(2, 90))
+    out = [V41Driver(p).feed(ids, 37) for p in (held, loaded)]
+    assert torch.equal(out[0], out[1])
+    assert not torch.equal(out[1], V41Driver(_load(FIXTURE_V41)).feed(ids, 37))
