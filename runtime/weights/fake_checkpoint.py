@@ -6,7 +6,9 @@ questions), from the spec alone:
 
     routed experts    packed FP4 (two values a byte, int8) with e8m0 scales per 32 inputs,
                       when the spec's weights say `experts: fp4`
-    projections       FP8 e4m3 with e8m0 scales per 128 x 128 block, when `dense: fp8`
+    projections       FP8 e4m3 with e8m0 scales per 128 x 128 block (V4.1: 32 x 32, its
+                      release's FP8 projections only), when `dense: fp8`
+    Engram tables     V4.1: FP8 e4m3 rows with an e8m0 scale per 32, as released
     everything else   bfloat16 matrices, float32 vectors and mHC tensors, int32 ids
 """
 from __future__ import annotations
@@ -25,11 +27,14 @@ class FakeCheckpoint:
 
     def __init__(self, spec: ModuleType):
         c = spec.contract
-        self.shapes = layout.expected_shapes(ModelArgs.from_config(spec.architecture.CONFIG))
+        args = ModelArgs.from_config(spec.architecture.CONFIG)
+        self.shapes = layout.expected_shapes(args)
+        self.block = layout.fp8_block(args)
         self.fp4 = {n for n in self.shapes if c.WEIGHTS_EXPERTS == "fp4" and
                     layout.is_routed_expert(n)}
-        self.fp8 = {n for n, s in self.shapes.items() if c.WEIGHTS_DENSE == "fp8" and
-                    layout.is_fp8_projection(n, s)}
+        fp8 = (lambda n, s: layout.is_v41_fp8_projection(n)) if args.is_v41 \
+            else layout.is_fp8_projection
+        self.fp8 = {n for n, s in self.shapes.items() if c.WEIGHTS_DENSE == "fp8" and fp8(n, s)}
 
     def __enter__(self) -> FakeCheckpoint:
         return self
@@ -68,9 +73,14 @@ class FakeCheckpoint:
             scale = torch.empty((out, inp // layout.FP4_GROUP), dtype=torch.uint8)
         else:
             data = torch.empty((out, inp), dtype=torch.float8_e4m3fn)
-            blocks = (-(-out // layout.FP8_BLOCK), -(-inp // layout.FP8_BLOCK))
+            blocks = (-(-out // self.block), -(-inp // self.block))
             scale = torch.empty(blocks, dtype=torch.uint8)
         return data, quant.scale_values(scale) if float_scale else scale
+
+    def stored(self, name: str) -> torch.Tensor:
+        """An Engram table (FP8 e4m3) or its scales (e8m0), as released."""
+        dtype = torch.float8_e8m0fnu if name.endswith(".scale") else torch.float8_e4m3fn
+        return torch.empty(self.shapes[name], dtype=dtype)
 
     def load(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         """A tensor as stored, or dequantized to `dtype` if it is quantized."""

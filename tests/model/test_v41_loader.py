@@ -115,3 +115,23 @@ def test_fp8_projections_in_32x32_blocks_as_released_equal_dequantized(tmp_path,
     out = [V41Driver(p).feed(ids, 37) for p in (held, loaded)]
     assert torch.equal(out[0], out[1])
     assert not torch.equal(out[1], V41Driver(_load(FIXTURE_V41)).feed(ids, 37))
+
+
+def test_the_flash_release_loads_as_fake_tensors():
+    """specs/deepseek-v41-flash.yaml's release, as a rehearsal loads it (rank 0 of 8):
+    the Engram tables FP8 at their full rows, FP8 projections with 32 x 32 block
+    scales, bfloat16 where the release keeps it, each layer's share of its experts."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import generated
+    from runtime.weights.fake_checkpoint import FakeCheckpoint
+    from runtime.weights.loader import load_params
+    spec = generated.load("deepseek_v41_flash")
+    with FakeTensorMode():
+        params = load_params(None, spec, checkpoint=FakeCheckpoint(spec), held=range(1))
+    table = params["layers.14.engram.embed.weight"]
+    assert table.dtype == torch.float8_e4m3fn and table.shape == (384016682, 256)
+    assert params["layers.14.engram.embed.scale"].shape == (384016682, 8)
+    assert params["layers.2.attn.wq_a.scale"].shape == (1280 // 32, 5120 // 32)
+    assert params["layers.2.attn.wo_a.weight"].dtype == torch.bfloat16
+    assert params.experts[0].count == 48 and params.experts[40].count == 16
