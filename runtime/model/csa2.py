@@ -92,7 +92,7 @@ def attention(layer: Layer, x: torch.Tensor, pos: torch.Tensor, segments: list[S
     q = linear(qr, p, "attn.wq_b.weight").view(x.shape[0], args.n_heads, args.head_dim)
     q = apply_rope(q, pos, layer.inv_freq)
     kv = project_kv(p, args, x, pos, layer.inv_freq)
-    index_in = _index_inputs(layer, x, qr, pos) if _scores(layer) else None
+    index_in = _index_inputs(layer, x, qr, pos) if _runs_indexer(layer) else None
     latent_in = _compressor_rows(layer, x) if layer.role == FULL else None
     out = torch.empty_like(q)
     for i, seg in enumerate(segments):
@@ -112,15 +112,15 @@ def attention(layer: Layer, x: torch.Tensor, pos: torch.Tensor, segments: list[S
     return output_projection(p, args, out)
 
 
-def _scores(layer: Layer) -> bool:
+def _runs_indexer(layer: Layer) -> bool:
     """Whether the layer runs an indexer (full and reindex layers)."""
     return layer.role not in (WINDOW, REUSE)
 
 
 def _index_inputs(layer: Layer, x: torch.Tensor, qr: torch.Tensor,
                   pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Index queries [T, IH, ID] (rotated, in the index keys' format) and head weights
-    [T, IH] (weights_proj(x) * IH^-0.5; the scores apply ID^-0.5)."""
+    """Index queries [T, IH, ID] (RoPE'd, through the index keys' format) and head
+    weights [T, IH] (weights_proj(x) * IH^-0.5; the scores apply ID^-0.5)."""
     p, args = layer.p, layer.args
     iq = linear(qr, p, "attn.indexer.wq_b.weight")
     iq = apply_rope(iq.view(x.shape[0], args.index_heads, args.index_head_dim), pos,
@@ -174,7 +174,7 @@ def _choose(layer: Layer, i: int, seg: Segment, index_in, qpos: torch.Tensor,
             tile: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The entries each query of segment i attends (indices, valid) [n, k]: a reuse
     layer's index source's, or this layer's indexer's (published for the layers above)."""
-    if not _scores(layer):
+    if not _runs_indexer(layer):
         return layer.sources.topk(layer.args.index_source(layer.layer), i)
     args, r = layer.args, layer.ratio
     count = seg.end // r
