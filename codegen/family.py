@@ -32,8 +32,9 @@ V41 = Family("deepseek_v41", "DeepSeek V4.1", SpecV41, launchable=False)
 FAMILIES = {f.name: f for f in (V4, V41)}
 
 NOT_LAUNCHABLE = ("codegen validates and plans it (architecture, contract, pools), but its "
-                  "launch wrappers are not generated yet: the {title} forward is not written "
-                  "(issue 57, deliverable 2)")
+                  "launch wrappers are not generated yet: the {title} forward runs on the "
+                  "torch path in tests (runtime/model/forward_v41.py), not through the "
+                  "engine (issue 57)")
 
 
 def family_of_data(data: Any) -> Family:

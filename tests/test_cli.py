@@ -354,3 +354,14 @@ def test_a_variant_spec_serves_the_checkpoint_of_the_spec_it_extends(tmp_path, m
     (tmp_path / "models" / "tiny-bf16").mkdir(parents=True)
     assert spec_check.default_model("tiny-bf16") == tmp_path / "models" / "tiny-bf16"
     assert spec_check.default_model("deepseek-v4-pro") == tmp_path / "models" / "deepseek-v4-pro"
+
+
+def test_a_spec_codegen_only_plans_is_refused_by_the_commands_that_run_it():
+    """A V4.1 spec plans, but generate (and serve, compile: the same engine_config) exit
+    with the reason rather than a traceback from its missing kernels."""
+    from server.cli import main
+
+    with pytest.raises(SystemExit, match="--spec v41-tiny cannot run yet: codegen validates "
+                                         "and plans it"):
+        main(["generate", "--spec", "v41-tiny", "--model",
+              str(REPO / "tests" / "fixtures" / "v41-tiny"), "--prompt-ids", "5,6"])

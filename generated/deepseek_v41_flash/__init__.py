@@ -19,7 +19,8 @@ FAMILY = "deepseek_v41"
 LAUNCHABLE = False   # no launch wrappers: nothing can serve this spec yet
 NO_KERNELS = (
     "codegen validates and plans it (architecture, contract, pools), but its launch wrappers "
-    "are not generated yet: the DeepSeek V4.1 forward is not written (issue 57, deliverable 2)"
+    "are not generated yet: the DeepSeek V4.1 forward runs on the torch path in tests "
+    "(runtime/model/forward_v41.py), not through the engine (issue 57)"
 )
 
 __all__ = ["FAMILY", "LAUNCHABLE", "NO_KERNELS", "SPEC_NAME", "SPEC_PATH", "SPEC_SHA256",

@@ -10,7 +10,13 @@ from typing import TYPE_CHECKING
 
 from runtime.core.speculation import POLICIES
 from runtime.planning.engram_tables import PLACEMENTS as ENGRAM_PLACEMENTS
-from server.cli.spec_check import CACHE_DTYPES, default_model, load_current, served
+from server.cli.spec_check import (
+    CACHE_DTYPES,
+    StaleSpecError,
+    default_model,
+    load_current,
+    served,
+)
 
 if TYPE_CHECKING:
     from runtime.core.config import EngineConfig
@@ -154,10 +160,13 @@ def add_distributed_args(parser: argparse.ArgumentParser) -> None:
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The engine configuration of these flags; StaleSpecError if --spec cannot be served
-    (a missing file, or generated/ older than the spec)."""
+    (a missing file, generated/ older than the spec, or a spec codegen only plans)."""
     from runtime.core.config import EngineConfig
 
-    spec = load_current(args.spec).SPEC_NAME       # --spec tiny or --spec specs/tiny.yaml
+    package = load_current(args.spec)              # --spec tiny or --spec specs/tiny.yaml
+    if not getattr(package, "LAUNCHABLE", True):
+        raise StaleSpecError(f"--spec {args.spec} cannot run yet: {package.NO_KERNELS}")
+    spec = package.SPEC_NAME
     return EngineConfig(
         **limit_fields(args), model=args.model or default_model(spec),
         prefix_affinity_threshold=args.prefix_affinity_threshold,
