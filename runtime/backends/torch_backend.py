@@ -2,13 +2,18 @@
 
 The same code runs on cpu, cuda, or Ascend through torch_npu. Padded rows and empty
 slots are skipped (fixed shapes are the contract; this backend needs no static shapes).
+DeepSeek V4.1 weights run its own forward (runtime/backends/torch_v41.py), the only
+backend that does so far.
 """
 from __future__ import annotations
 
 import torch
 
 from contract.abi import KernelABI
-from runtime.backends import Backend
+from runtime.backends import Backend, torch_v41
+from runtime.backends.torch_rows import gather as _gather
+from runtime.backends.torch_rows import pool_view as _view
+from runtime.backends.torch_rows import segments as _segments
 from runtime.model.forward import logits, main_model, mtp_block, mtp_write_kv
 from runtime.model.paging import PoolView, Segment
 from runtime.model.params import ModelParams
@@ -26,30 +31,9 @@ class TorchBackend(Backend):
 
     def launch(self, kernel: KernelABI, args) -> None:
         named = args._asdict()
+        kinds = torch_v41.KINDS if named["weights"].args.is_v41 else self._kinds
         with torch.inference_mode():
-            self._kinds[kernel.kind](kernel, named)
-
-
-def _view(kernel: KernelABI, named: dict) -> PoolView:
-    """The pools this kernel was handed (prefill_mtp takes only "ori")."""
-    groups = [g for g in kernel.groups if "pool_" + g in named]
-    return PoolView(pools={g: named["pool_" + g] for g in groups},
-                    tables={g: named["block_table_" + g] for g in groups}, groups=kernel.groups)
-
-
-def _segments(lengths: torch.Tensor, starts: torch.Tensor) -> list[Segment]:
-    """One segment per (rank, row) with a positive length, in rank-major order."""
-    segments, offset = [], 0
-    for rank, row in torch.nonzero(lengths > 0).tolist():
-        n = int(lengths[rank, row])
-        segments.append(Segment(rank, row, int(starts[rank, row]), n, offset))
-        offset += n
-    return segments
-
-
-def _gather(values: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
-    """Rows [rank, row, :length] of every segment, concatenated: [T, ...]."""
-    return torch.cat([values[s.rank, s.row, : s.length] for s in segments])
+            kinds[kernel.kind](kernel, named)
 
 
 def _main_model(kernel: KernelABI, named: dict, lengths: str, starts: str):

@@ -20,16 +20,20 @@ import torch
 
 from runtime.core.request import Request
 from runtime.device.block_tables import BlockTables
+from runtime.device.engram_prior import EngramPrior
 from runtime.device.upload import upload
 
 
 class DecodeStep:
     """The decode launches `launches` of one step, [ranks, batch] rows each, K = `k`
-    (`tile`: the context of a launch without rows)."""
+    (`tile`: the context of a launch without rows; `prior`: V4.1's Engram history of
+    each row, for kernels that take one)."""
 
     def __init__(self, launches: list[list[Request]], batch: int, ranks: int,
-                 blocks: BlockTables, k: int, tile: int, device: torch.device):
+                 blocks: BlockTables, k: int, tile: int, device: torch.device,
+                 prior: EngramPrior | None = None):
         self.batch, self.ranks, self.k, self.device = batch, ranks, k, device
+        self.prior = prior
         self.blocks, self.launches = blocks, len(launches)
         self.requests = [r for launch in launches for r in launch]
         sizes = np.fromiter(map(len, launches), np.int64, self.launches)
@@ -95,7 +99,17 @@ class DecodeStep:
             self._tokens = dict(token_ids=self._grids(self.tail, np.int64, width=(1,)),
                                 positions=self._grids(self.length - 1, np.int32),
                                 row_lens=self._grids(1, np.int32))
+            if self.prior is not None:
+                self._tokens["engram_prior"] = self._priors(self.prior)
         return {name: value[i] for name, value in self._tokens.items()}
+
+    def _priors(self, prior: EngramPrior) -> np.ndarray:
+        """[launches, ranks, batch, N - 1]: the raw ids before each row's tail (V4.1's
+        Engram history); pad ids on rows without a request."""
+        out = prior.empty((self.launches, self.ranks, self.batch))
+        rows = prior.rows(self.requests, (self.length - 1).tolist())
+        out.reshape(-1, prior.width)[self._at] = rows
+        return out
 
     def slots(self, i: int) -> dict:
         """A fused MTP decode's rows: each request's slot and its generation (-1: no

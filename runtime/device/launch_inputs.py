@@ -11,7 +11,8 @@ request have length 0 and block tables of -1 (the scratch page): they read zeros
 write only scratch pages.
 
 Nothing here reads more of a request than its tail, its last K + 1 tokens or the
-tokens of its chunk: the work per row does not grow with the context.
+tokens of its chunk (and for V4.1's Engram the N - 1 before them: engram_prior): the work
+per row does not grow with the context.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from runtime.core.request import Request
 from runtime.core.scheduler import PrefillChunk, SchedulerOutput
 from runtime.device.block_tables import BlockTables
 from runtime.device.decode_step import DecodeStep
+from runtime.device.engram_prior import EngramPrior
 from runtime.device.upload import upload
 
 Rows = list[tuple[int, int, Request]]          # (rank, row in the launch, request)
@@ -56,6 +58,8 @@ class LaunchInputs:
         self.prefill_shape = (ranks, self.contract.SLOTS_PER_RANK)
         self.blocks = BlockTables(spec.pools.GROUPS, ranks, spec.pools.REQUEST_SLOTS_PER_RANK,
                                   device)
+        # V4.1 with Engram: the raw ids before each row (the same width in every kernel)
+        self.prior = EngramPrior.of(spec.kernels.PREFILL_MAIN, spec.architecture.CONFIG)
 
     def update(self, out: SchedulerOutput) -> None:
         """The step's requests' block tables brought up to date on the device."""
@@ -82,7 +86,7 @@ class LaunchInputs:
     def decode_step(self, launches: list[list[Request]], kernel: KernelABI) -> DecodeStep:
         """The step's decode launches of `kernel` laid out at once (see DecodeStep)."""
         return DecodeStep(launches, kernel.rows, self.ranks, self.blocks, kernel.k,
-                          self.contract.TILE, self.device)
+                          self.contract.TILE, self.device, self.prior)
 
     # -- prefill ---------------------------------------------------------------------
 
@@ -97,7 +101,18 @@ class LaunchInputs:
             tokens[r.rank, ch.slot, : ch.length] = r.tokens(ch.start, ch.end)
             starts[r.rank, ch.slot], lens[r.rank, ch.slot] = ch.start, ch.length
         return dict(token_ids=tokens, start_pos=starts, chunk_lens=lens, extent=extent,
+                    **self._prefill_prior(chunks),
                     **self.tables(chunk_rows(chunks), self.contract.SLOTS_PER_RANK, into))
+
+    def _prefill_prior(self, chunks: list[PrefillChunk]) -> dict:
+        """engram_prior [ranks, slots, N - 1]: the ids before each chunk (V4.1 only)."""
+        if self.prior is None:
+            return {}
+        prior = self.prior.empty(self.prefill_shape)
+        if chunks:
+            rows = self.prior.rows([ch.request for ch in chunks], [ch.start for ch in chunks])
+            prior[[ch.request.rank for ch in chunks], [ch.slot for ch in chunks]] = rows
+        return dict(engram_prior=prior)
 
     def prefill_mtp(self, chunks: list[PrefillChunk], into: dict | None = None) -> dict:
         """The MTP layer's window over each chunk's last min(window, length) rows: the
@@ -137,6 +152,7 @@ class LaunchInputs:
         return dict(token_ids=np.zeros(self.prefill_shape + (self.contract.TILE,), np.int64),
                     start_pos=np.zeros(self.prefill_shape, np.int32),
                     chunk_lens=self._warm_lens(live), extent=self.contract.TILE,
+                    **self._prefill_prior([]),
                     **self._empty_tables(self.contract.SLOTS_PER_RANK))
 
     def warm_prefill_mtp(self, live: int) -> dict:
@@ -166,5 +182,6 @@ class LaunchInputs:
             return dict(slot_ids=slots, slot_gens=np.zeros(shape, np.int64), **common)
         lens = np.zeros(shape, np.int32)
         lens[0, :live] = 1
+        prior = {} if self.prior is None else dict(engram_prior=self.prior.empty(shape))
         return dict(token_ids=np.zeros(shape + (1,), np.int64),
-                    positions=np.zeros(shape, np.int32), row_lens=lens, **common)
+                    positions=np.zeros(shape, np.int32), row_lens=lens, **prior, **common)
