@@ -26,7 +26,7 @@ lint: install  ## ruff over the hand-written code (generated/ is checked by chec
 test: lint  ## lint, then the whole test suite
 	$(PY) -m pytest -q
 
-test-unit: install  ## the fast tests only (no engine runs, servers or compiles), under a minute
+test-unit: install  ## the fast tests only (no engine runs, servers or compiles), 2-3 minutes
 	$(PY) -m pytest -q -m "not slow"
 
 serve: check-generated  ## serve the embedded default model (models/tiny) on 127.0.0.1:8000
