@@ -12,7 +12,13 @@ from contract.abi import MTP_SLOT_FIELDS, Arg, KernelABI
 def kernel_plans(plan: Plan) -> tuple[KernelABI, ...]:
     """Every kernel of a spec: main prefill, MTP prefill, one decode per layout, and
     with drafts to choose from, the K=0 layout again keeping the MTP slots (the adaptive
-    policy's K=0 steps: the MTP layer's window stays whole, see _decode_keeping)."""
+    policy's K=0 steps: the MTP layer's window stays whole, see _decode_keeping). A
+    family that does not draft (V4.1 until issue 58) gets the main prefill and the K=0
+    decode only."""
+    if not plan.drafts:
+        return (_prefill_main(plan, False),
+                *(_decode(plan, lay.k, lay.batch, lay.seq, lay.kernel)
+                  for lay in plan.layouts if lay.k == 0))
     kernels = [_prefill_main(plan, plan.has_mtp)]
     if plan.has_mtp:
         kernels.append(_prefill_mtp(plan))
@@ -65,6 +71,17 @@ def _weights() -> Arg:
                    "loaded model weights; their fingerprint must match this spec's model")
 
 
+def _engram_prior(plan: Plan, rows: int, rows_sym: str) -> list[Arg]:
+    """V4.1 with Engram layers: the raw ids before each row (none for V4)."""
+    if not plan.engram_prior:
+        return []
+    return [_staged("engram_prior", "input", "int64", ("ranks", rows, plan.engram_prior),
+                    f"[ranks, {rows_sym}, engram_max_ngram_size - 1]",
+                    "the raw token ids before each row's first token, oldest first; "
+                    "engram_pad_token_id before the sequence starts (its Engram n-grams "
+                    "reach back into them)")]
+
+
 def _hidden_shape(plan: Plan) -> tuple[int, int]:
     return (plan.hc_mult, plan.hidden_size)
 
@@ -74,6 +91,7 @@ def _prefill_main(plan: Plan, has_mtp: bool) -> KernelABI:
     args = [
         _staged("token_ids", "input", "int64", (R, S, "extent"), "[ranks, slots, extent]",
                 "chunk tokens per slot, padded to the extent"),
+        *_engram_prior(plan, S, "slots"),
         _staged("start_pos", "metadata", "int32", (R, S), "[ranks, slots]",
                 "position of each chunk's first token (its cached context length)"),
         _staged("chunk_lens", "metadata", "int32", (R, S), "[ranks, slots]",
@@ -126,6 +144,7 @@ def _decode(plan: Plan, k: int, batch: int, seq: int, name: str) -> KernelABI:
     args = (
         _staged("token_ids", "input", "int64", (R, batch, seq), "[ranks, batch, seq]",
                 "input tokens per row"),
+        *_engram_prior(plan, batch, "batch"),
         _staged("positions", "metadata", "int32", (R, batch), "[ranks, batch]",
                 "position of each row's first token"),
         _staged("row_lens", "metadata", "int32", (R, batch), "[ranks, batch]",

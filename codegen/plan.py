@@ -10,7 +10,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from codegen.family import family_of
+from codegen.family import NO_DRAFTS, ONLY_BACKENDS, Family, family_of
 from codegen.pool_roles import PoolRole, layer_labels, model_args, pool_roles, role_layers
 from codegen.schema import LayoutEntry, Spec
 from contract.decode_layout import DecodeLayout
@@ -77,6 +77,10 @@ class Plan:
     num_main_layers: int
     family: str                 # ModelArgs.family: deepseek_v4 | deepseek_v41
     launchable: bool            # launch wrappers (kernels.py) are generated
+    drafts: bool                # its decode kernels draft (MTP); False: K = 0 kernels only
+    rehearsed: bool             # the compiled backend (which `v4serve rehearse` runs) runs them
+    engram_prior: int           # V4.1: raw ids before a launch row a kernel takes (N - 1); 0: none
+    served_notes: tuple[str, ...]   # where the contract serves other than the spec asks, and why
     layer_roles: tuple[LayerRole, ...]      # V4.1: every layer's role and sources; V4: ()
     topology: tuple[tuple[str, object], ...]
     weights: tuple[tuple[str, object], ...]
@@ -131,6 +135,12 @@ def build_plan(spec: Spec, spec_path: str, spec_stem: str, spec_sha256: str) -> 
     # one device-state slot per running request of a rank, under the widest layout
     request_slots = max(lay.batch * spec.decode.micro_batches for lay in layouts)
     model_items = tuple(sorted(m.model_dump(mode="json").items()))
+    topology, notes = _served_topology(spec, family)
+    default_k = spec.decode.default_num_speculative_tokens if family.drafts else 0
+    if default_k != spec.decode.default_num_speculative_tokens:
+        notes += (f"DEFAULT_NUM_SPECULATIVE_TOKENS {default_k}, not the spec's "
+                  f"{spec.decode.default_num_speculative_tokens}: "
+                  + NO_DRAFTS.format(title=family.title),)
     return Plan(
         spec_name=spec_stem,
         spec_path=spec_path,
@@ -142,10 +152,14 @@ def build_plan(spec: Spec, spec_path: str, spec_stem: str, spec_sha256: str) -> 
         num_main_layers=m.num_hidden_layers,
         family=family.name,
         launchable=family.launchable,
+        drafts=family.drafts,
+        rehearsed=not family.backends or "compiled" in family.backends,
+        engram_prior=args.engram_max_ngram - 1 if args.engram_layers else 0,
+        served_notes=notes,
         layer_roles=tuple(LayerRole(i, args.role(i), args.ratio(i), args.kv_source(i),
                                     args.index_source(i)) for i in layers) if args.is_v41
         else (),
-        topology=tuple(spec.topology.model_dump(mode="json").items()),
+        topology=topology,
         weights=tuple(spec.weights.model_dump(mode="json").items()),
         ranks=spec.topology.dp,
         experts_per_rank=m.n_routed_experts // spec.topology.ep,
@@ -155,7 +169,7 @@ def build_plan(spec: Spec, spec_path: str, spec_stem: str, spec_sha256: str) -> 
         mtp_window=spec.prefill.mtp_window,
         block_size=spec.pools.block_size,
         layouts=layouts,
-        default_k=spec.decode.default_num_speculative_tokens,
+        default_k=default_k,
         micro_batches=spec.decode.micro_batches,
         context_buckets=tuple(spec.decode.context_buckets),
         request_slots_per_rank=request_slots,
@@ -168,6 +182,20 @@ def build_plan(spec: Spec, spec_path: str, spec_stem: str, spec_sha256: str) -> 
         hidden_size=m.hidden_size,
         hc_mult=m.hc_mult,
     )
+
+
+def _served_topology(spec: Spec, family: Family
+                     ) -> tuple[tuple[tuple[str, object], ...], tuple[str, ...]]:
+    """The spec's topology with the backend its family's kernels run on, and a note
+    when that is not the one the spec asks."""
+    topology = spec.topology.model_dump(mode="json")
+    asked = topology["backend"]
+    topology["backend"] = family.served_backend(asked)
+    if topology["backend"] == asked:
+        return tuple(topology.items()), ()
+    why = ONLY_BACKENDS.format(title=family.title, backends=", ".join(family.backends))
+    return tuple(topology.items()), (f"BACKEND {topology['backend']!r}, not the spec's "
+                                     f"{asked!r}: {why}",)
 
 
 def _fingerprint(model_items: tuple[tuple[str, object], ...]) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,6 +138,13 @@ def _string_lines(text: str, width: int) -> list[str]:
     return lines + [line]
 
 
+def _bullets(notes: tuple[str, ...]) -> list[str]:
+    """Comment lines: each note a bullet ("# - "), wrapped at WIDTH."""
+    return [line for note in notes
+            for line in textwrap.wrap(note, WIDTH, initial_indent="# - ",
+                                      subsequent_indent="#   ")]
+
+
 def _arg_call(arg: Arg) -> str:
     """One Arg(...) of a kernel's table, at the table's indent."""
     items: list = [_py(arg.name), _py(arg.role), _py(arg.dtype), _py(arg.shape), _py(arg.expr)]
@@ -177,7 +185,8 @@ def environment() -> jinja2.Environment:
         autoescape=False,
     )
     env.filters.update(py=_py, packed=_packed, arg_call=_arg_call,
-                       kernel_head=_kernel_head, group_call=_group_call)
+                       kernel_head=_kernel_head, group_call=_group_call,
+                       bullets=_bullets)
     return env
 
 

@@ -356,12 +356,23 @@ def test_a_variant_spec_serves_the_checkpoint_of_the_spec_it_extends(tmp_path, m
     assert spec_check.default_model("deepseek-v4-pro") == tmp_path / "models" / "deepseek-v4-pro"
 
 
-def test_a_spec_codegen_only_plans_is_refused_by_the_commands_that_run_it():
-    """A V4.1 spec plans, but generate (and serve, compile: the same engine_config) exit
-    with the reason rather than a traceback from its missing kernels."""
+def test_a_v41_spec_generates_at_k0_and_refuses_drafts_with_the_reason(capsys):
+    """v41-tiny serves through `v4serve generate` (greedy, chunked at 128: the official
+    code's tokens for golden.json's first case over 128 tokens); K > 0 exits with the
+    reason (DSpark drafts are issue 58), not a traceback."""
     from server.cli import main
 
-    with pytest.raises(SystemExit, match="--spec v41-tiny cannot run yet: codegen validates "
-                                         "and plans it"):
-        main(["generate", "--spec", "v41-tiny", "--model",
-              str(REPO / "tests" / "fixtures" / "v41-tiny"), "--prompt-ids", "5,6"])
+    v41 = REPO / "tests" / "fixtures" / "v41-tiny"
+    cases = json.loads((v41 / "golden.json").read_text())["cases"]
+    case = next(c for c in cases if len(c["prompt_ids"]) > 128)
+    ids = ",".join(map(str, case["prompt_ids"]))
+    assert main(["generate", "--spec", "v41-tiny", "--model", str(v41), "--prompt-ids", ids,
+                 "--max-tokens", str(len(case["greedy_ids"])), "--temperature", "0",
+                 "--ignore-eos", "--max-num-batched-tokens", "128", "--json"]) == 0
+    first = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert first["output_token_ids"] == case["greedy_ids"]
+    with pytest.raises(SystemExit, match="--num-speculative-tokens 1: spec specs/v41-tiny.yaml "
+                                         "is DeepSeek V4.1, whose DSpark drafts are not "
+                                         "launched yet"):
+        main(["generate", "--spec", "v41-tiny", "--model", str(v41), "--prompt-ids", "5,6",
+              "--num-speculative-tokens", "1"])

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from contract.decode_layout import DecodeLayout
 
+# Where this package serves its spec otherwise:
+# - BACKEND 'torch', not the spec's 'compiled': DeepSeek V4.1's kernels run on the torch backend
+#   only (the compiled backend's graphs implement DeepSeek V4)
+# - DEFAULT_NUM_SPECULATIVE_TOKENS 0, not the spec's 1: DeepSeek V4.1's drafter is not launched yet
+#   (DSpark: issue 58): its decode kernels serve K = 0 only
+
 # One model replica: attention data parallelism and MoE expert parallelism share the ranks.
 RANKS = 8
 DP = 8
@@ -11,7 +17,7 @@ EP = 8
 TP = 1
 DEVICE = "cuda"
 DTYPE = "bfloat16"
-BACKEND = "compiled"
+BACKEND = "torch"
 EXPERTS_PER_RANK = 48
 
 # Weights: what the release stores (dense projections, routed experts) and how the
@@ -36,7 +42,7 @@ DECODE_LAYOUTS: dict[int, DecodeLayout] = {
     2: DecodeLayout(k=2, batch=4, seq=3, kernel="decode_b4s3"),
     3: DecodeLayout(k=3, batch=4, seq=4, kernel="decode_b4s4"),
 }
-DEFAULT_NUM_SPECULATIVE_TOKENS = 1
+DEFAULT_NUM_SPECULATIVE_TOKENS = 0
 DECODE_MICRO_BATCHES = 8  # decode launches per rank per step, at most
 REQUEST_SLOTS_PER_RANK = 64  # device-state slots: every running request of a rank
 

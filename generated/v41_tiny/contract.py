@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from contract.decode_layout import DecodeLayout
 
+# Where this package serves its spec otherwise:
+# - DEFAULT_NUM_SPECULATIVE_TOKENS 0, not the spec's 1: DeepSeek V4.1's drafter is not launched yet
+#   (DSpark: issue 58): its decode kernels serve K = 0 only
+
 # One model replica: attention data parallelism and MoE expert parallelism share the ranks.
 RANKS = 4
 DP = 4
@@ -36,7 +40,7 @@ DECODE_LAYOUTS: dict[int, DecodeLayout] = {
     2: DecodeLayout(k=2, batch=4, seq=3, kernel="decode_b4s3"),
     3: DecodeLayout(k=3, batch=4, seq=4, kernel="decode_b4s4"),
 }
-DEFAULT_NUM_SPECULATIVE_TOKENS = 1
+DEFAULT_NUM_SPECULATIVE_TOKENS = 0
 DECODE_MICRO_BATCHES = 2  # decode launches per rank per step, at most
 REQUEST_SLOTS_PER_RANK = 16  # device-state slots: every running request of a rank
 

@@ -63,6 +63,10 @@ class Rehearsal:
     def __init__(self, spec: ModuleType, rank: int = 0, k: int | None = None,
                  device: str = "cpu", ranks: int | None = None):
         self.ranks = ranks or spec.contract.RANKS
+        if not getattr(spec, "REHEARSED", True):
+            raise ValueError(f"spec {spec.SPEC_NAME}: its kernels run on the "
+                             f"{spec.contract.BACKEND} backend only, and a rehearsal runs the "
+                             "compiled backend's graphs")
         if not 0 <= rank < self.ranks:
             raise ValueError(f"rank {rank}: the replica has ranks 0..{self.ranks - 1}")
         self.spec, self.rank, self.kind = spec, rank, device

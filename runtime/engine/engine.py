@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 import generated
+from contract.v41_config import is_v41
 from runtime.backends import get_backend
 from runtime.core.config import EngineConfig
 from runtime.core.request import Request
@@ -64,6 +65,7 @@ class Engine:
     def __init__(self, config: EngineConfig, spec, params, tokenizer: Tokenizer | None,
                  outputs: bool = True):
         self.config, self.spec, self.params, self.tokenizer = config, spec, params, tokenizer
+        _check_launched(config, spec)
         self.admission = Admission.plan(config, spec)
         self.k, self.limits, self.capacity = (self.admission.k, self.admission.limits,
                                               self.admission.capacity)
@@ -193,6 +195,7 @@ class Engine:
     def build(cls, config: EngineConfig, outputs: bool = True) -> Engine:
         spec = generated.load(config.spec)
         device = config.device or spec.contract.DEVICE
+        _check_launched(config, spec)
         _check_executor(config, spec)
         params = None if config.distributed_executor_backend == "mp" \
             else load_params(config.model, spec, device=device)   # mp: each rank its own
@@ -403,6 +406,27 @@ def _delta(request: Request, tokens: list[int], result: StepResult) -> Delta:
     return Delta(request.request_id, tokens, request.finished, request.finish_reason,
                  request.stop_reason, result.logprobs[: len(tokens)] if result.logprobs
                  else [], num_cached_tokens=request.num_cached_tokens)
+
+
+# The backends that run a DeepSeek V4.1 package's kernels (dryrun computes nothing).
+V41_BACKENDS = ("torch", "dryrun")
+
+
+def _check_launched(config: EngineConfig, spec) -> None:
+    """A DeepSeek V4.1 package launches its main prefill and K=0 decode on the torch
+    backend only (its contract.py says so where its spec asks otherwise): a K > 0 or
+    another backend is refused here, before the weights load."""
+    if not is_v41(spec.architecture.CONFIG):
+        return
+    k, backend = config.num_speculative_tokens, backend_name(config, spec)
+    if k:
+        raise ConfigError(f"--num-speculative-tokens {k}: spec {spec.SPEC_PATH} is DeepSeek "
+                          "V4.1, whose DSpark drafts are not launched yet (issue 58); it "
+                          "decodes at K = 0 only")
+    if backend not in V41_BACKENDS:
+        raise ConfigError(f"backend {backend!r}: spec {spec.SPEC_PATH} is DeepSeek V4.1, "
+                          "whose kernels run on the torch backend only (the compiled "
+                          "backend's graphs implement DeepSeek V4)")
 
 
 def _check_executor(config: EngineConfig, spec) -> None:

@@ -117,12 +117,12 @@ def _weights(spec: Any, ranks: int, weights: Any) -> dict[str, Any]:
 
 
 def _device(memory: MemoryPlan, spec: Any) -> dict[str, Any]:
-    """The device's figures; a spec without launch wrappers (V4.1 today) says that no
-    rehearsal has checked its workspace estimate."""
+    """The device's figures; a spec whose workspace no rehearsal runs (V4.1 today: its
+    kernels run on the torch backend only) says that no rehearsal has checked it."""
     out = {"device_memory": memory.device_memory,
            "gpu_memory_utilization": memory.utilization, "usable_bytes": memory.usable,
            "workspace_bytes": memory.workspace}
-    if not getattr(spec, "LAUNCHABLE", True):
+    if not getattr(spec, "LAUNCHABLE", True) or not getattr(spec, "REHEARSED", True):
         out["workspace_rehearsed"] = False
     return out
 

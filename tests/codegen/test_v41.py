@@ -1,5 +1,7 @@
 """DeepSeek V4.1 specs: validated (every inconsistent source names file, line and field),
-planned (CSA2's pool groups, bytes per token) and generated without launch wrappers."""
+planned (CSA2's pool groups, bytes per token) and generated with the launch wrappers it
+serves: the main prefill and the K=0 decode with each row's Engram history, on the torch
+backend, the contract saying where that differs from what the spec asks."""
 from __future__ import annotations
 
 import pytest
@@ -134,7 +136,9 @@ def test_unknown_keys_name_the_v41_keys(tmp_path, v41_text):
 def test_v41_tiny_plan(plans):
     plan = plans["v41-tiny"]
     assert (plan.family, plan.launchable, plan.has_mtp, plan.mtp_slots) == (
-        "deepseek_v41", False, True, False)
+        "deepseek_v41", True, True, False)
+    assert (plan.drafts, plan.engram_prior, plan.default_k, plan.rehearsed) == (
+        False, 3, 0, False)
     layers = {p.name: p.layers for p in plan.pools}
     assert layers == {"ori": tuple(range(13)), "cmp_c1": (6,), "cmp_c2": (2, 4),
                       "idx_c1": (6,), "idx_c2": (2, 4), "state_c2": (2, 4)}
@@ -163,19 +167,34 @@ def test_v41_flash_holds_890_bytes_of_global_kv_per_token(plans):
     assert (roles.count("reuse"), roles.count("window"), roles.count("dspark")) == (30, 2, 3)
 
 
-def test_v41_packages_have_no_kernels_and_say_why(tmp_path):
-    generate([SPECS / "v41-tiny.yaml"], tmp_path / "out", root=REPO, every=False)
-    assert sorted(p.name for p in (tmp_path / "out" / "v41_tiny").glob("*.py")) == [
-        "__init__.py", "architecture.py", "contract.py", "pools.py"]
+def test_v41_packages_launch_the_prefill_and_k0_decode_on_torch(tmp_path):
+    generate([SPECS / "v41-tiny.yaml", SPECS / "deepseek-v41-flash.yaml"], tmp_path / "out",
+             root=REPO, every=False)
     package = import_fresh(tmp_path / "out", "v41_tiny")
-    assert package.LAUNCHABLE is False and not hasattr(package, "kernels")
-    with pytest.raises(AttributeError, match="launch wrappers are not generated yet: the "
-                                             "DeepSeek V4.1 forward runs on the torch path"):
-        package.kernels  # noqa: B018
+    assert (package.FAMILY, package.REHEARSED) == ("deepseek_v41", False)
+    kernels = package.kernels
+    assert list(kernels.KERNELS) == ["prefill_main", "decode_b8s1"]
+    assert list(kernels.DECODE_BY_K) == [0] and not hasattr(kernels, "DECODE_KEEPING_SLOTS_BY_K")
+    names = [a.name for a in kernels.PREFILL_MAIN.args]
+    assert names[:4] == ["token_ids", "engram_prior", "start_pos", "chunk_lens"]
+    assert names[-1] == "logits" and "mtp_hidden" not in names
+    prior = kernels.DECODE_B8S1.arg("engram_prior")
+    assert (prior.role, prior.dtype, prior.shape, prior.staged) == (
+        "input", "int64", ("ranks", 8, 3), True)
     assert package.architecture.KV_SOURCE_LAYERS == (2, 4, 6)
     assert package.architecture.LAYER_ROLES[8] == "reindex"
     assert package.pools.GROUPS["cmp_c2"].blocks_for(1000) == 8       # 500 entries, 64 a page
     assert not hasattr(package.pools, "MtpField")
+    # the spec asks K = 1 by default (and the flash spec the compiled backend): the contract
+    # serves what the kernels do, and says why
+    tiny = (tmp_path / "out" / "v41_tiny" / "contract.py").read_text()
+    assert "DEFAULT_NUM_SPECULATIVE_TOKENS 0, not the spec's 1: DeepSeek V4.1's drafter" in tiny
+    assert package.contract.DEFAULT_NUM_SPECULATIVE_TOKENS == 0
+    assert sorted(package.contract.DECODE_LAYOUTS) == [0, 1, 2, 3]    # the pools' sizes
+    flash = import_fresh(tmp_path / "out", "deepseek_v41_flash")
+    assert flash.contract.BACKEND == "torch" and flash.kernels.PREFILL_MAIN.backend == "torch"
+    assert "BACKEND 'torch', not the spec's 'compiled': DeepSeek V4.1's kernels run on the" \
+        in (tmp_path / "out" / "deepseek_v41_flash" / "contract.py").read_text()
 
 
 def test_codegen_help_describes_the_v41_sections():
