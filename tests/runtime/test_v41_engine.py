@@ -1,7 +1,8 @@
 """DeepSeek V4.1 through the engine (specs/v41-tiny.yaml on the torch backend, K = 0): the
 official code's greedy continuations of tests/fixtures/v41-tiny/golden.json, whole
-prompts, chunked at 128, under preemption and on prefix-cache hits; and what a V4.1
-spec refuses (drafts, the compiled backend)."""
+prompts, chunked at 128, under preemption and on prefix-cache hits, and with the served
+cache formats those of golden_kvquant.json; and what a V4.1 spec refuses (drafts, the
+compiled backend)."""
 from __future__ import annotations
 
 import argparse
@@ -19,7 +20,7 @@ from runtime.planning.admission import ConfigError
 from runtime.text.tokenizer import Tokenizer
 from runtime.weights.loader import load_params
 from tests.conftest import SPECS, import_fresh
-from tests.model.support import FIXTURE_V41, V41, v41_golden, v41_params
+from tests.model.support import FIXTURE_V41, V41, spec_with_formats, v41_golden, v41_params
 from tests.runtime.engine_support import assert_all_free
 
 CASES = v41_golden()
@@ -72,6 +73,7 @@ def test_prompts_chunked_at_128_give_the_official_greedy_tokens(params):
     assert_all_free(engine)
 
 
+@pytest.mark.slow          # 20 requests under pressure: ~6 s
 def test_preemption_keeps_every_continuation(params):
     """Four copies of every prompt on pools of 4 blocks a group per rank: decoding past
     a 128-token boundary needs blocks that only preemption frees; the preempted come
@@ -84,6 +86,7 @@ def test_preemption_keeps_every_continuation(params):
     assert_all_free(engine)
 
 
+@pytest.mark.slow          # 20 requests under pressure: ~6 s
 def test_preemption_without_the_prefix_cache_recomputes_the_same_tokens(params):
     layout_free = capacity.bytes_for(V41.pools.GROUPS, 16, 4 * 128)
     engine = make_engine(params, kv_cache_memory=layout_free, max_model_len=512,
@@ -130,3 +133,22 @@ def test_spec_new_then_codegen_then_generate_serves_the_checkpoint(tmp_path):
     engine = make_engine(load_params(FIXTURE_V41, package), spec=package,
                          max_num_batched_tokens=128)
     assert _generate(engine, PROMPTS) == GOLDEN
+
+
+# V4.1's served entry formats (runtime/model/v41_formats.py), as deepseek-v41-flash stores them
+SERVED = {"ori": "fp8_32", "cmp_c1": "fp4_16", "cmp_c2": "fp4_16", "idx_c1": "fp4_32",
+          "idx_c2": "fp4_32"}
+
+
+@pytest.mark.slow              # a spec generated and its checkpoint loaded again: ~4 s each
+@pytest.mark.parametrize("batched", [None, 128], ids=["whole", "chunked128"])
+def test_served_cache_formats_give_the_quantized_official_tokens(tmp_path, batched):
+    """v41-tiny storing its window fp8_32, compressed KV fp4_16 and index keys fp4_32:
+    the official code's greedy tokens with its quantization on (golden_kvquant.json,
+    which differ from golden.json's in every case)."""
+    package = spec_with_formats("v41-tiny", SERVED, tmp_path)
+    engine = make_engine(load_params(FIXTURE_V41, package), spec=package,
+                         max_num_batched_tokens=batched)
+    quantized = v41_golden("golden_kvquant.json")
+    assert [c["prompt_ids"] for c in quantized] == PROMPTS
+    assert _generate(engine, PROMPTS) == [c["greedy_ids"] for c in quantized]
