@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
+import torch
 
 from codegen.pipeline import generate
 from codegen.spec_new import run_new
@@ -15,12 +16,20 @@ from runtime.core.config import EngineConfig
 from runtime.core.prefix_cache import Layout
 from runtime.core.sampling_params import SamplingParams
 from runtime.engine.engine import Engine
+from runtime.model.paging import PoolView, Segment
 from runtime.planning import capacity
 from runtime.planning.admission import ConfigError
 from runtime.text.tokenizer import Tokenizer
 from runtime.weights.loader import load_params
 from tests.conftest import SPECS, import_fresh
-from tests.model.support import FIXTURE_V41, V41, spec_with_formats, v41_golden, v41_params
+from tests.model.support import (
+    FIXTURE_V41,
+    V41,
+    V41Driver,
+    spec_with_formats,
+    v41_golden,
+    v41_params,
+)
 from tests.runtime.engine_support import assert_all_free
 
 CASES = v41_golden()
@@ -152,3 +161,40 @@ def test_served_cache_formats_give_the_quantized_official_tokens(tmp_path, batch
     quantized = v41_golden("golden_kvquant.json")
     assert [c["prompt_ids"] for c in quantized] == PROMPTS
     assert _generate(engine, PROMPTS) == [c["greedy_ids"] for c in quantized]
+
+
+def _ring(view: PoolView, rank: int, layer: int, positions: range) -> torch.Tensor:
+    return view.read("ori", Segment(rank, 0, 0, 0, 0), layer, torch.tensor(positions))
+
+
+def test_the_dspark_rings_follow_the_model(params):
+    """The launches keep each DSpark stage's window ring (its main_kv rows, "ori") as the
+    reference driver does, so a drafter finds it whole: the 150-token prompt chunked at
+    128, then two decode steps; every stage's last 128 rows match."""
+    prompt = PROMPTS[3]
+    engine = make_engine(params, max_num_batched_tokens=128, enable_prefix_caching=False)
+    request = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=8,
+                                                        ignore_eos=True))
+    while request.num_computed < len(prompt) + 2:
+        engine.step()
+    tables = torch.full((V41.contract.RANKS, 1, V41.pools.GROUPS["ori"].table_width), -1,
+                        dtype=torch.int32)
+    tables[request.rank, 0, : len(request.blocks["ori"])] = torch.tensor(request.blocks["ori"])
+    pools = engine.executor.pools
+    served = PoolView({"ori": pools.ori}, {"ori": tables}, V41.pools.GROUPS)
+    driver = V41Driver(params)
+    driver.feed(request.tokens(0, request.num_computed), 128)
+    end = request.num_computed
+    for stage in range(params.args.n_layers, params.args.n_layers + params.args.n_mtp_layers):
+        want = _ring(driver.view(), driver.rank, stage, range(end - 128, end))
+        got = _ring(served, request.rank, stage, range(end - 128, end))
+        assert want.abs().max() > 0 and torch.allclose(got, want, atol=1e-5), stage
+
+
+def test_a_rehearsal_refuses_the_package_with_the_reason():
+    """`v4serve rehearse` runs the compiled backend's graphs, which V4.1 has none of."""
+    from runtime.device.rehearsal import Rehearsal
+
+    with pytest.raises(ValueError, match="spec v41-tiny: its kernels run on the torch backend "
+                                         "only, and a rehearsal runs the compiled backend's"):
+        Rehearsal(V41)
