@@ -13,7 +13,7 @@ from . import architecture, contract, kernels, pools
 SPEC_NAME = "v41-tiny"
 SPEC_PATH = "specs/v41-tiny.yaml"
 # sha256 of the spec's text: the command refuses a spec edited since (server/cli/spec_check.py)
-SPEC_SHA256 = "c2dbd64d5dba8584d8707bc9710ea47bd9c3faf78dc26bb223143711882212b7"
+SPEC_SHA256 = "1e3636bb37592377220e9e3f3c542534682fe0a2e37e064d4a86d34a4c75726c"
 FAMILY = "deepseek_v41"
 # `v4serve rehearse` runs the compiled backend's graphs; DeepSeek V4.1's kernels run
 # on contract.BACKEND only: nothing has rehearsed this package's workspace
